@@ -1,0 +1,44 @@
+"""pingpong: pipelined, ping-pong-buffered feature loading for mini-batch GNN training.
+
+Wrap a DGL DataLoader (or any re-iterable of ``(input_nodes, output_nodes,
+blocks)`` triples) in :class:`PingPongLoader`; each batch arrives with its
+features and labels already on the training device.
+"""
+
+from __future__ import annotations
+
+from .batch import Batch
+from .blocks import EdgeBlock, as_edge_block
+from .errors import (
+    BatchTimeoutError,
+    ConfigError,
+    GatherModeUnavailable,
+    IdRangeError,
+    IdShapeError,
+    IdTypeError,
+    LoaderClosedError,
+    PingPongError,
+    ProducerDiedError,
+    TableError,
+)
+from .loader import PingPongLoader
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "BatchTimeoutError",
+    "ConfigError",
+    "EdgeBlock",
+    "GatherModeUnavailable",
+    "IdRangeError",
+    "IdShapeError",
+    "IdTypeError",
+    "LoaderClosedError",
+    "PingPongError",
+    "PingPongLoader",
+    "ProducerDiedError",
+    "TableError",
+    "__version__",
+    "as_edge_block",
+]

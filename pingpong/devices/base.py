@@ -1,0 +1,112 @@
+"""The device interface the slot protocol is written against.
+
+The producer and consumer never touch streams or kernels directly; they call
+a :class:`Device`.  A device models two ordered queues of work:
+
+- the *copy stream*, used by the producer: ``wait_event`` (do not start later
+  work before an event completed), ``gather`` and ``move_blocks`` (enqueue
+  work), ``record`` (an event that completes when the work enqueued so far is
+  done);
+- the *consumer stream*, used by the training thread: ``consumer_wait``
+  (later consumer work starts only after an event) and ``consumer_record``.
+
+On the CPU both "streams" are the calling threads themselves and every event
+is complete when recorded.  On CUDA they are real streams and events, and the
+host never blocks on them.  A fake asynchronous device used in tests runs
+queued work later on a worker thread, so a missing wait shows up as wrong data.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from ..store import FeatureStore, HostTable
+
+
+class Event(Protocol):
+    """Something recorded on a stream; ``query()`` is True once it completed."""
+
+    def query(self) -> bool: ...
+
+
+class CompletedEvent:
+    """An event that is complete from the start (CPU streams are synchronous)."""
+
+    __slots__ = ()
+
+    def query(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "CompletedEvent()"
+
+
+COMPLETED = CompletedEvent()
+
+
+class Device(abc.ABC):
+    """Where slots live and how rows reach them.  See the module docstring."""
+
+    #: The gather mode this device implements ("cpu", "zerocopy", ...).
+    gather_mode: str
+
+    @property
+    @abc.abstractmethod
+    def torch_device(self) -> torch.device:
+        """The device batches are delivered on."""
+
+    @abc.abstractmethod
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Allocate uninitialised slot storage."""
+
+    def attach(self, store: FeatureStore) -> None:  # noqa: B027 - optional hook
+        """Prepare the host tables (e.g. pin them).  Called once per loader."""
+
+    def detach(self) -> None:  # noqa: B027 - optional hook
+        """Undo :meth:`attach` (e.g. unpin).  Idempotent."""
+
+    def producer_started(self) -> None:  # noqa: B027 - optional hook
+        """Called in each producer thread before its first batch."""
+
+    @property
+    def initial_event(self) -> Event:
+        """The release event of a slot that was never used."""
+        return COMPLETED
+
+    # -- copy stream (producer thread) --------------------------------------
+    @abc.abstractmethod
+    def wait_event(self, event: Event) -> None:
+        """Copy stream: later work waits for ``event`` (no host block on CUDA)."""
+
+    @abc.abstractmethod
+    def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
+        """Copy stream: enqueue ``out[:] = table[ids]`` (ids already validated)."""
+
+    def move_blocks(self, blocks: Any) -> Any:
+        """Copy stream: make ``blocks`` usable on this device (default: as is)."""
+        return blocks
+
+    def move_ids(self, ids: Any) -> Any:
+        """Copy stream: deliver a batch's node ids (default: as the source gave them)."""
+        return ids
+
+    @abc.abstractmethod
+    def record(self) -> Event:
+        """Copy stream: an event completing when all work enqueued so far is done."""
+
+    # -- consumer stream (training thread) ----------------------------------
+    @abc.abstractmethod
+    def consumer_wait(self, event: Event) -> None:
+        """Consumer stream: later work waits for ``event``."""
+
+    @abc.abstractmethod
+    def consumer_record(self) -> Event:
+        """Consumer stream: an event completing when the consumer's work so far is done."""
+
+    def close(self) -> None:
+        """Release streams and host registrations.  Idempotent."""
+        self.detach()

@@ -1,0 +1,73 @@
+"""Argument checks shared by every gather kernel entry point.
+
+The checks run on the host, before any kernel is launched, so a bad id can
+never make a kernel read outside the table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import IdRangeError, IdShapeError, IdTypeError, TableError
+
+#: Id dtypes the kernels accept.
+ID_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def check_id_array(ids: np.ndarray, name: str = "ids") -> None:
+    """Raise unless ``ids`` is a 1-D int32/int64 array (values not checked)."""
+    if ids.ndim != 1:
+        raise IdShapeError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
+    if ids.dtype not in ID_DTYPES:
+        raise IdTypeError(f"{name} must have dtype int32 or int64, got {ids.dtype}")
+
+
+def check_gather_shapes(table: object, ids: object, out: object) -> None:
+    """Raise unless ``table[ids]`` fits ``out`` exactly (2-D table and out).
+
+    Works on anything with ``shape``, ``ndim`` and ``dtype`` (NumPy arrays,
+    Numba device arrays).
+    """
+    t_shape = tuple(table.shape)  # type: ignore[attr-defined]
+    o_shape = tuple(out.shape)  # type: ignore[attr-defined]
+    n = next(iter(ids.shape))  # type: ignore[attr-defined]
+    if len(t_shape) != 2:
+        raise TableError(f"table must be 2-D, got shape {t_shape}")
+    if len(o_shape) != 2:
+        raise TableError(f"out must be 2-D, got shape {o_shape}")
+    if o_shape != (n, t_shape[1]):
+        raise TableError(
+            f"out has shape {o_shape}, expected {(n, t_shape[1])} "
+            f"for {n} ids and rows of width {t_shape[1]}"
+        )
+    if np.dtype(out.dtype) != np.dtype(table.dtype):  # type: ignore[attr-defined]
+        raise TableError(
+            f"out dtype {out.dtype} differs from table dtype {table.dtype}"  # type: ignore[attr-defined]
+        )
+
+
+def raise_out_of_range(ids: np.ndarray, num_rows: int, name: str = "ids") -> None:
+    """Raise :class:`IdRangeError` naming the first id outside ``[0, num_rows)``.
+
+    Call it only after a cheap min/max check failed; it scans ``ids`` again to
+    name the offending value and its position.
+    """
+    bad = np.flatnonzero((ids < 0) | (ids >= num_rows))
+    if bad.size == 0:  # pragma: no cover - callers only call on failure
+        return
+    pos = int(bad[0])
+    raise IdRangeError(
+        f"{name}[{pos}] = {int(ids[pos])} is out of range for a table of "
+        f"N = {num_rows} rows (valid ids are 0 <= id < {num_rows}; "
+        f"{bad.size} of {ids.size} ids are invalid)"
+    )
+
+
+def check_id_range(ids: np.ndarray, num_rows: int, name: str = "ids") -> None:
+    """Raise :class:`IdRangeError` unless every id lies in ``[0, num_rows)``."""
+    if ids.size == 0:
+        return
+    lo = int(ids.min())
+    hi = int(ids.max())
+    if lo < 0 or hi >= num_rows:
+        raise_out_of_range(ids, num_rows, name)

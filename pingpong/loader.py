@@ -1,0 +1,195 @@
+"""PingPongLoader: the public, pipelined wrapper around a sampler."""
+
+from __future__ import annotations
+
+import itertools
+import numbers
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ._epoch import Epoch, EpochIterator
+from .batch import Batch
+from .devices import Device, make_device
+from .errors import ConfigError, LoaderClosedError
+from .slots import Slot, make_slots
+from .stats import LoaderStats
+from .store import FeatureStore, make_feature_store
+
+_loader_ids = itertools.count()
+
+
+class _EpochHolder:
+    """The loader's only link to its running epoch (shared with its finaliser)."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self) -> None:
+        self.epoch: Epoch | None = None
+
+    def end(self) -> None:
+        epoch, self.epoch = self.epoch, None
+        if epoch is not None:
+            epoch.close()
+
+
+def _shutdown(holder: _EpochHolder, device: Device) -> None:
+    holder.end()
+    device.close()
+
+
+class PingPongLoader(Iterable[Batch]):
+    """Pipelined loader: batches arrive with features and labels on ``device``.
+
+    A producer thread iterates ``source``, checks the ids, and gathers
+    ``features[input_nodes]`` and ``labels[output_nodes]`` into one of
+    ``num_buffers`` preallocated slots while the training loop works on another.
+
+    Args:
+        source: a re-iterable (DGL ``DataLoader``, list, ...) yielding
+            ``(input_nodes, output_nodes, blocks)``; each ``iter(loader)`` makes
+            one pass over it.  One-shot iterators (generators) are refused.
+        features: a host tensor ``(N, ...)`` or a dict of such tensors (then
+            ``batch.x`` is a dict with the same keys).  Used in place, never copied.
+        labels: ``None`` or a host tensor with first dimension ``N``.
+        device: where batches are delivered: ``"cpu"`` or ``"cuda[:k]"``.
+        num_buffers: number of slots (>= 2).  The producer runs at most
+            ``num_buffers - 1`` batches ahead of the training loop.
+        gather: ``"auto" | "cpu" | "zerocopy" | "staged" | "device"``; ``auto`` is
+            ``cpu`` on the CPU and ``zerocopy`` on CUDA.
+        timeout: seconds to wait for a batch before raising ``TimeoutError``;
+            ``None`` waits as long as the source needs (a dead producer is
+            still noticed).
+        gather_threads: Numba threads the CPU gather uses in the producer thread
+            (default: half the cores).  The training loop's torch threads are
+            not changed; see the tuning guide.
+
+    Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
+    the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
+
+    Raises (at construction): ``TableError`` for unusable tables,
+    ``ConfigError``/``GatherModeUnavailable`` for bad arguments, ``TypeError``
+    for a source that is not a re-iterable.
+    """
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        features: torch.Tensor | Mapping[str, torch.Tensor],
+        labels: torch.Tensor | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        num_buffers: int = 2,
+        gather: str = "auto",
+        timeout: float | None = None,
+        gather_threads: int | None = None,
+    ) -> None:
+        if not isinstance(source, Iterable):
+            raise TypeError(f"source must be iterable, got {type(source).__name__}")
+        if isinstance(source, Iterator):
+            raise TypeError(
+                f"source is a one-shot iterator ({type(source).__name__}); pass a "
+                "re-iterable such as a DGL DataLoader or a list, since every epoch "
+                "iterates it again"
+            )
+        if isinstance(num_buffers, bool) or not isinstance(num_buffers, int) or num_buffers < 2:
+            raise ConfigError(f"num_buffers must be an int >= 2, got {num_buffers!r}")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0
+        ):
+            raise ConfigError(
+                f"timeout must be None or a positive number of seconds, got {timeout!r}"
+            )
+        self._source = source
+        self._store: FeatureStore = make_feature_store(features, labels)
+        self._device: Device = make_device(device, gather, gather_threads)
+        self._device.attach(self._store)
+        self._slots: list[Slot] = make_slots(self._store, num_buffers, self._device.initial_event)
+        self._stats = LoaderStats()
+        self._timeout = None if timeout is None else float(timeout)
+        self._name = str(next(_loader_ids))
+        self._holder = _EpochHolder()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _shutdown, self._holder, self._device)
+
+    # -- iteration -----------------------------------------------------------
+    def __iter__(self) -> EpochIterator:
+        """Start a new epoch (ending the previous one first, if it still runs)."""
+        if self._closed:
+            raise LoaderClosedError("this PingPongLoader is closed")
+        self._holder.end()
+        epoch = Epoch(
+            self._source,
+            self._store,
+            self._device,
+            self._slots,
+            self._stats,
+            self._timeout,
+            self._name,
+        )
+        self._holder.epoch = epoch
+        return EpochIterator(epoch)
+
+    def __len__(self) -> int:
+        """Batches per epoch: ``len(source)``; ``TypeError`` if the source has no length."""
+        try:
+            return len(self._source)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"the source ({type(self._source).__name__}) has no len(), so neither "
+                "has the loader"
+            ) from None
+
+    # -- lifecycle -----------------------------------------------------------
+    def close(self) -> None:
+        """Stop the producer, release slots and host registrations.  Idempotent."""
+        self._closed = True
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> PingPongLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- introspection -------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device batches are delivered on."""
+        return self._device.torch_device
+
+    @property
+    def gather_mode(self) -> str:
+        """The gather mode in use (``auto`` resolved)."""
+        return self._device.gather_mode
+
+    @property
+    def num_buffers(self) -> int:
+        return len(self._slots)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the loader's counters since creation or :meth:`reset_stats`.
+
+        See :mod:`pingpong.stats` for every key.
+        """
+        return self._stats.snapshot(
+            slot_bytes=sum(slot.nbytes for slot in self._slots),
+            slot_grows=sum(slot.grow_count for slot in self._slots),
+        )
+
+    def reset_stats(self) -> None:
+        """Zero the counters (e.g. after a warm-up epoch)."""
+        self._stats.reset()
+
+    def __repr__(self) -> str:
+        return (
+            f"PingPongLoader(device={str(self.device)!r}, gather={self.gather_mode!r}, "
+            f"num_buffers={self.num_buffers}, closed={self._closed})"
+        )

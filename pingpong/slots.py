@@ -1,0 +1,102 @@
+"""Slots: the preallocated buffers that batches are gathered into.
+
+A :class:`Slot` owns one device buffer per feature table and one for labels.
+Its capacity (rows) only grows, with headroom, when a batch is larger than
+any it held before -- so after the first few batches no allocation happens.
+
+Ownership invariant (the slot protocol): at any moment a slot is in exactly
+one place -- the free queue, being filled by the producer, the ready queue, or
+held by the consumer.  ``release_event`` is the event the copy stream must wait
+for before overwriting the slot; it is set by whoever hands the slot back to
+the free queue, before the hand-off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .store import FeatureStore, HostTable
+
+#: Capacity is rounded up to a multiple of this many rows.
+ROW_GRANULE = 256
+#: Growth headroom: a slot that must grow gets this factor more rows than needed.
+GROWTH = 1.25
+
+Allocator = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def grown_capacity(needed: int) -> int:
+    """Capacity to allocate for ``needed`` rows (headroom, rounded to a granule)."""
+    target = max(int(needed * GROWTH), needed, 1)
+    return -(-target // ROW_GRANULE) * ROW_GRANULE
+
+
+@dataclass
+class Buffer:
+    """A growable device buffer for rows of one table."""
+
+    table: HostTable
+    storage: torch.Tensor | None = None
+    grow_count: int = 0
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.storage is None else int(self.storage.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.storage is None else self.storage.numel() * self.storage.element_size()
+
+    def reserve(self, rows: int, allocate: Allocator) -> bool:
+        """Make room for ``rows`` rows; return True if it had to reallocate."""
+        if self.storage is not None and rows <= self.capacity:
+            return False
+        self.storage = allocate((grown_capacity(rows), *self.table.row_shape), self.table.dtype)
+        self.grow_count += 1
+        return True
+
+    def rows(self, n: int) -> torch.Tensor:
+        """The first ``n`` rows: a view, valid until the slot is refilled."""
+        if self.storage is None:
+            raise RuntimeError("buffer used before reserve()")
+        return self.storage[:n]
+
+
+@dataclass
+class Slot:
+    """One ping-pong slot: buffers for every feature table and the labels."""
+
+    index: int
+    x: dict[str | None, Buffer]
+    y: Buffer | None
+    release_event: Any
+    #: Incremented each time the producer refills the slot (debug aid).
+    generation: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        total = sum(b.nbytes for b in self.x.values())
+        return total + (self.y.nbytes if self.y is not None else 0)
+
+    @property
+    def grow_count(self) -> int:
+        total = sum(b.grow_count for b in self.x.values())
+        return total + (self.y.grow_count if self.y is not None else 0)
+
+
+def make_slots(store: FeatureStore, count: int, initial_event: Any) -> list[Slot]:
+    """``count`` empty slots for ``store`` (memory is reserved on first use)."""
+    return [
+        Slot(
+            index=i,
+            x={key: Buffer(table) for key, table in store.tables.items()},
+            y=Buffer(store.labels) if store.labels is not None else None,
+            release_event=initial_event,
+        )
+        for i in range(count)
+    ]

@@ -1,0 +1,98 @@
+"""Loader statistics: is the pipeline overlapping, and how fast does data move?
+
+The producer and the consumer each add to their own counters under one lock;
+:meth:`LoaderStats.snapshot` returns a plain dict.  Keys:
+
+===================  ===========================================================
+key                  meaning
+===================  ===========================================================
+``epochs``           epochs started
+``batches``          batches delivered to the training loop
+``rows_gathered``    feature rows gathered (all tables count once per node)
+``bytes_gathered``   feature + label bytes written into slots
+``sample_s``         producer time spent waiting for the source (sampling)
+``validate_s``       producer time spent checking ids
+``gather_s``         producer time spent issuing gathers and block transfers
+                     (on the CPU: doing them)
+``producer_busy_s``  ``sample_s + validate_s + gather_s``
+``consumer_stall_s`` time the training loop waited inside ``next()``
+``overlap_ratio``    share of the producer's work hidden behind training:
+                     ``1 - consumer_stall_s / producer_busy_s`` (clamped to
+                     [0, 1]); 1.0 means the loop never waited for data
+``gather_gbps``      ``bytes_gathered / gather_s / 1e9`` (CPU: achieved gather
+                     bandwidth; CUDA: issue rate, not bandwidth)
+``slot_bytes``       device memory held by all slots now
+``slot_grows``       how many times a slot buffer was (re)allocated
+``wall_s``           seconds since the loader was created
+``process_cpu_s``    CPU seconds the whole process used since then (psutil)
+``rss_bytes``        the process's resident memory now (psutil)
+===================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psutil
+
+
+class LoaderStats:
+    """Thread-safe counters shared by a loader's producer and consumer."""
+
+    _COUNTERS = (
+        "epochs",
+        "batches",
+        "rows_gathered",
+        "bytes_gathered",
+        "sample_s",
+        "validate_s",
+        "gather_s",
+        "consumer_stall_s",
+    )
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process = psutil.Process()
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero every counter and restart the wall and CPU clocks."""
+        with self._lock:
+            self._values: dict[str, float] = dict.fromkeys(self._COUNTERS, 0.0)
+            self._t0 = time.perf_counter()
+            self._cpu0 = self._cpu_seconds()
+
+    def _cpu_seconds(self) -> float:
+        times = self._process.cpu_times()
+        return float(times.user + times.system)
+
+    def add(self, **amounts: float) -> None:
+        """Add to named counters (unknown names raise ``KeyError``)."""
+        with self._lock:
+            for key, amount in amounts.items():
+                self._values[key] += amount
+
+    def snapshot(self, slot_bytes: int = 0, slot_grows: int = 0) -> dict[str, Any]:
+        """A consistent copy of every counter plus derived figures."""
+        with self._lock:
+            values: dict[str, Any] = dict(self._values)
+            wall = time.perf_counter() - self._t0
+            cpu = self._cpu_seconds() - self._cpu0
+        for key in ("epochs", "batches", "rows_gathered", "bytes_gathered"):
+            values[key] = int(values[key])
+        busy = values["sample_s"] + values["validate_s"] + values["gather_s"]
+        values["producer_busy_s"] = busy
+        if busy > 0:
+            values["overlap_ratio"] = min(1.0, max(0.0, 1.0 - values["consumer_stall_s"] / busy))
+        else:
+            values["overlap_ratio"] = 0.0
+        gather_s = values["gather_s"]
+        values["gather_gbps"] = values["bytes_gathered"] / gather_s / 1e9 if gather_s > 0 else 0.0
+        values["slot_bytes"] = int(slot_bytes)
+        values["slot_grows"] = int(slot_grows)
+        values["wall_s"] = wall
+        values["process_cpu_s"] = cpu
+        values["rss_bytes"] = int(self._process.memory_info().rss)
+        return values

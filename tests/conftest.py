@@ -1,0 +1,66 @@
+"""Shared fixtures: leak checks and small sources for the loader tests."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+def pingpong_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pingpong-")]
+
+
+def wait_for_no_pingpong_threads(timeout: float = 3.0) -> list[threading.Thread]:
+    """Wait until no pingpong thread is alive; return those still alive after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = pingpong_threads()
+        if not alive:
+            return []
+        time.sleep(0.01)
+    return pingpong_threads()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_pingpong_threads() -> Iterator[None]:
+    """Every test must leave no ``pingpong-*`` thread behind (after GC, within 3 s)."""
+    yield
+    import gc
+
+    gc.collect()
+    leaked = wait_for_no_pingpong_threads()
+    assert not leaked, f"leaked threads: {[t.name for t in leaked]}"
+
+
+def make_triples(
+    num_rows: int,
+    num_batches: int,
+    *,
+    seed: int = 0,
+    max_inputs: int = 300,
+    batch_out: int = 32,
+    last_out: int | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
+    """A list source of random ``(input_nodes, output_nodes, blocks)`` triples.
+
+    Input sizes vary per batch (so slots must grow); ``last_out`` makes the last
+    batch partial.  Blocks are a marker list so identity can be checked.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    triples = []
+    for b in range(num_batches):
+        n_in = int(torch.randint(1, max_inputs + 1, (1,), generator=gen))
+        n_out = batch_out if (last_out is None or b < num_batches - 1) else last_out
+        inputs = torch.randint(0, num_rows, (n_in,), generator=gen)
+        outputs = torch.randint(0, num_rows, (n_out,), generator=gen)
+        triples.append((inputs, outputs, [f"block-{b}"]))
+    return triples
+
+
+@pytest.fixture
+def dgl():
+    return pytest.importorskip("dgl")

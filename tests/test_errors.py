@@ -1,0 +1,258 @@
+"""Bad input is refused with a clear exception; failures cross threads intact."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_triples
+
+import pingpong
+from pingpong import PingPongLoader
+
+N = 100
+
+
+def _loader_with(bad_inputs: object, labels: bool = True) -> tuple[PingPongLoader, torch.Tensor]:
+    features = torch.randn(N, 4)
+    good = (torch.arange(10), torch.arange(5), None)
+    bad = (bad_inputs, torch.arange(5), None)
+    source = [good, bad, good]
+    return PingPongLoader(source, features, torch.arange(N) if labels else None), features
+
+
+@pytest.mark.parametrize(
+    ("ids", "exc", "needle"),
+    [
+        (torch.tensor([0, -1]), IndexError, "= -1"),
+        (torch.tensor([N]), IndexError, f"= {N}"),
+        (torch.tensor([2**31]), IndexError, str(2**31)),
+        (torch.tensor([torch.iinfo(torch.int64).min]), IndexError, str(np.iinfo(np.int64).min)),
+        (torch.tensor([torch.iinfo(torch.int64).max]), IndexError, str(np.iinfo(np.int64).max)),
+        (torch.tensor([0.0, 1.0]), TypeError, "float32"),
+        (torch.tensor([1, 2], dtype=torch.uint8), TypeError, "uint8"),
+        (np.array([1, 2], dtype=np.uint32), TypeError, "uint32"),
+        (torch.tensor([True]), TypeError, "bool"),
+        (torch.zeros(2, 2, dtype=torch.int64), TypeError, "1-D"),
+        ([1, 2, 3], TypeError, "list"),
+    ],
+    ids=lambda v: repr(v)[:30],
+)
+def test_bad_input_ids_are_refused_and_next_epoch_works(ids, exc, needle):
+    loader, features = _loader_with(ids)
+    with loader:
+        it = iter(loader)
+        first = next(it)
+        assert torch.equal(first.x, features[:10])
+        with pytest.raises(exc, match="input_nodes") as info:
+            next(it)
+        assert needle in str(info.value)
+        if exc is IndexError:
+            assert f"N = {N}" in str(info.value)
+            assert isinstance(info.value, pingpong.IdRangeError)
+        # the epoch ended
+        with pytest.raises(StopIteration):
+            next(it)
+        # the next epoch works up to the bad batch again
+        again = iter(loader)
+        assert torch.equal(next(again).x, features[:10])
+
+
+def test_bad_output_ids_checked_only_with_labels():
+    features = torch.randn(N, 4)
+    source = [(torch.arange(3), torch.tensor([N + 5]), None)]
+    with PingPongLoader(source, features, torch.arange(N)) as loader:
+        with pytest.raises(IndexError, match=r"output_nodes\[0\] = 105"):
+            list(loader)
+    with PingPongLoader(source, features) as loader:  # no labels: output ids unused
+        assert len(list(loader)) == 1
+
+
+def test_bad_id_never_reaches_the_slot():
+    """The batch before a bad one stays intact: nothing was written for the bad one."""
+    features = torch.arange(N * 2, dtype=torch.float32).reshape(N, 2)
+    source = [
+        (torch.arange(8), torch.arange(1), None),
+        (torch.tensor([1, 2, N]), torch.arange(1), None),
+    ]
+    with PingPongLoader(source, features, num_buffers=2) as loader:
+        it = iter(loader)
+        batch = next(it)
+        with pytest.raises(IndexError):
+            next(it)
+        # with 2 slots the bad batch would have gone into the other slot; check
+        # that both slots hold either nothing or batch 0's rows
+        assert torch.equal(batch.x, features[:8])
+
+
+@pytest.mark.parametrize(
+    ("features", "labels", "needle"),
+    [
+        (torch.tensor(3.0), None, "0-D"),
+        (torch.randn(N, 4).t(), None, "not contiguous"),
+        (torch.randn(0, 4), None, "empty"),
+        (torch.randn(N, 0), None, "empty"),
+        ("not a tensor", None, "torch.Tensor"),
+        ({}, None, "empty dict"),
+        ({"a": torch.randn(N, 2), "b": torch.randn(N + 1, 2)}, None, "different numbers"),
+        ({1: torch.randn(N, 2)}, None, "keys must be str"),
+        (torch.randn(N, 4), torch.arange(N + 1), "labels has 101 rows"),
+        (torch.randn(N, 4), torch.arange(N)[::2], "labels is not contiguous"),
+        (torch.randn(N, 4), torch.arange(N - 1), "labels has 99 rows"),
+        (torch.randn(N, 4).to_sparse(), None, "dense"),
+    ],
+    ids=lambda v: repr(v)[:24],
+)
+def test_bad_tables_are_refused_at_construction(features, labels, needle):
+    with pytest.raises((ValueError, TypeError), match=needle) as info:
+        PingPongLoader(make_triples(N, 1), features, labels)
+    assert isinstance(info.value, pingpong.TableError)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"num_buffers": 1}, "num_buffers"),
+        ({"num_buffers": 2.0}, "num_buffers"),
+        ({"num_buffers": True}, "num_buffers"),
+        ({"gather": "magic"}, "gather must be one of"),
+        ({"gather": "zerocopy"}, "needs a CUDA device"),
+        ({"gather": "staged"}, "needs a CUDA device"),
+        ({"gather": "device"}, "needs a CUDA device"),
+        ({"device": "tpu"}, "not a valid torch device|not supported"),
+        ({"device": "meta"}, "not supported"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": -1.0}, "timeout"),
+        ({"timeout": "5"}, "timeout"),
+        ({"gather_threads": 0}, "gather_threads"),
+    ],
+    ids=lambda v: repr(v)[:30],
+)
+def test_bad_arguments_are_refused(kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        PingPongLoader(make_triples(N, 1), torch.randn(N, 2), **kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_gpu_is_refused():
+    with pytest.raises(pingpong.GatherModeUnavailable, match="is_available"):
+        PingPongLoader(make_triples(N, 1), torch.randn(N, 2), device="cuda")
+
+
+def test_one_shot_iterator_source_is_refused():
+    with pytest.raises(TypeError, match="one-shot iterator"):
+        PingPongLoader(iter(make_triples(N, 2)), torch.randn(N, 2))
+    with pytest.raises(TypeError, match="iterable"):
+        PingPongLoader(42, torch.randn(N, 2))
+
+
+def test_malformed_source_item():
+    with PingPongLoader([(torch.arange(3), torch.arange(3))], torch.randn(N, 2)) as loader:
+        with pytest.raises(TypeError, match="triple"):
+            list(loader)
+
+
+class SamplerError(Exception):
+    """A custom exception type the source raises."""
+
+    def __init__(self, code: int) -> None:  # a constructor that is not (msg,)
+        super().__init__(f"sampler broke with code {code}")
+        self.code = code
+
+
+def _failing_source(fail_at: int):
+    class Source:
+        def __iter__(self):
+            for i, triple in enumerate(make_triples(N, 10)):
+                if i == fail_at:
+                    raise SamplerError(fail_at)
+                yield triple
+
+    return Source()
+
+
+@pytest.mark.parametrize("fail_at", [0, 1, 5])
+def test_source_exception_keeps_type_object_and_traceback(fail_at):
+    with PingPongLoader(_failing_source(fail_at), torch.randn(N, 2)) as loader:
+        received = 0
+        start = None
+        with pytest.raises(SamplerError) as info:
+            for _ in loader:
+                received += 1
+                start = time.monotonic()
+        assert received == fail_at
+        assert info.value.code == fail_at
+        text = "".join(traceback.format_exception(info.value))
+        assert "__iter__" in text
+        assert "raise SamplerError" in text
+        assert "pingpong-producer" in text  # the note naming the thread
+        if start is not None:
+            assert time.monotonic() - start < 1.0
+        # next epoch still works until the fault
+        it = iter(loader)
+        for _ in range(fail_at):
+            next(it)
+        with pytest.raises(SamplerError):
+            next(it)
+
+
+def test_consumer_exception_mid_epoch_then_new_epoch():
+    source = make_triples(N, 10)
+    features = torch.randn(N, 3)
+    with PingPongLoader(source, features) as loader:
+        with pytest.raises(ZeroDivisionError):
+            for i, _ in enumerate(loader):
+                if i == 2:
+                    raise ZeroDivisionError
+        got = [b.x.clone() for b in loader]
+    assert len(got) == 10
+    assert all(torch.equal(g, features[t[0]]) for g, t in zip(got, source, strict=False))
+
+
+class StallingSource:
+    """Yields one batch, then blocks until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __iter__(self):
+        triples = make_triples(N, 2)
+        yield triples[0]
+        self.release.wait(10)
+        yield triples[1]
+
+
+def test_timeout_raises_timeout_error():
+    source = StallingSource()
+    with PingPongLoader(source, torch.randn(N, 2), timeout=0.3) as loader:
+        it = iter(loader)
+        next(it)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"timeout=0\.3"):
+            next(it)
+        elapsed = time.monotonic() - start
+        assert 0.25 <= elapsed < 1.0
+        source.release.set()
+
+
+def test_no_timeout_waits_for_a_slow_source():
+    source = StallingSource()
+    threading.Timer(0.5, source.release.set).start()
+    with PingPongLoader(source, torch.randn(N, 2), timeout=None) as loader:
+        assert len(list(loader)) == 2
+
+
+def test_dead_producer_is_noticed(monkeypatch):
+    import pingpong._epoch as epoch_module
+
+    def dies_silently(*args, **kwargs):
+        return None  # ends without a terminal message
+
+    monkeypatch.setattr(epoch_module, "produce", dies_silently)
+    with PingPongLoader(make_triples(N, 3), torch.randn(N, 2)) as loader:
+        with pytest.raises(pingpong.ProducerDiedError):
+            next(iter(loader))

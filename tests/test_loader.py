@@ -1,0 +1,290 @@
+"""The core loader on the CPU: every batch equals the synchronous reference."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+import torch
+from conftest import make_triples, pingpong_threads, wait_for_no_pingpong_threads
+
+import pingpong
+from pingpong import Batch, PingPongLoader
+
+N = 500
+
+
+def reference(features, labels, triple):
+    inputs, outputs, blocks = triple
+    if isinstance(features, dict):
+        x = {k: v[inputs] for k, v in features.items()}
+    else:
+        x = features[inputs]
+    return x, (labels[outputs] if labels is not None else None), blocks
+
+
+def assert_bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.dtype == b.dtype
+    assert a.shape == b.shape
+    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.numel() else True
+
+
+def check_epoch(loader, source, features, labels) -> int:
+    count = 0
+    for batch, triple in zip(loader, source, strict=True):
+        x_ref, y_ref, blocks = reference(features, labels, triple)
+        assert isinstance(batch, Batch)
+        assert batch.input_nodes is triple[0]
+        assert batch.output_nodes is triple[1]
+        assert batch.blocks is blocks
+        if isinstance(x_ref, dict):
+            assert set(batch.x) == set(x_ref)
+            for key in x_ref:
+                assert_bitwise_equal(batch.x[key], x_ref[key])
+        else:
+            assert_bitwise_equal(batch.x, x_ref)
+        if y_ref is None:
+            assert batch.y is None
+        else:
+            assert_bitwise_equal(batch.y, y_ref)
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize(
+    ("dtype", "row_shape"),
+    [
+        (torch.float32, (16,)),
+        (torch.float32, (3,)),
+        (torch.float16, (7,)),
+        (torch.bfloat16, (5,)),
+        (torch.int8, (3,)),
+        (torch.uint8, (1,)),
+        (torch.int64, (2, 3)),
+        (torch.float64, ()),
+    ],
+    ids=lambda v: str(v).replace("torch.", ""),
+)
+@pytest.mark.parametrize("num_buffers", [2, 3])
+def test_bit_identical_over_epochs(dtype, row_shape, num_buffers):
+    gen = torch.Generator().manual_seed(1)
+    features = (torch.randn((N, *row_shape), generator=gen) * 100).to(dtype)
+    if dtype.is_floating_point:
+        features.view(-1)[::17] = float("nan")
+    labels = torch.randint(0, 7, (N,), generator=gen)
+    source = make_triples(N, 12, last_out=5)
+    with PingPongLoader(source, features, labels, num_buffers=num_buffers) as loader:
+        for _ in range(3):
+            assert check_epoch(loader, source, features, labels) == len(source)
+
+
+def test_dict_features_and_no_labels():
+    gen = torch.Generator().manual_seed(2)
+    features = {"feat": torch.randn(N, 8, generator=gen), "pos": torch.randint(0, 9, (N, 3))}
+    source = make_triples(N, 6)
+    with PingPongLoader(source, features) as loader:
+        assert check_epoch(loader, source, features, None) == 6
+
+
+def test_empty_and_partial_batches():
+    features = torch.arange(N * 4, dtype=torch.float32).reshape(N, 4)
+    labels = torch.arange(N)
+    empty = torch.empty(0, dtype=torch.int64)
+    source = [
+        (torch.tensor([3, 1, 4]), torch.tensor([1]), []),
+        (empty, empty, []),
+        (torch.arange(200), torch.arange(64), []),
+        (torch.tensor([499]), torch.tensor([0, 499]), []),
+    ]
+    with PingPongLoader(source, features, labels) as loader:
+        batches = [b.clone() for b in loader]
+    assert [tuple(b.x.shape) for b in batches] == [(3, 4), (0, 4), (200, 4), (1, 4)]
+    for batch, triple in zip(batches, source, strict=True):
+        assert torch.equal(batch.x, features[triple[0]])
+        assert torch.equal(batch.y, labels[triple[1]])
+
+
+def test_int32_ids_and_numpy_ids():
+    features = torch.randn(N, 6)
+    ids32 = torch.randint(0, N, (50,), dtype=torch.int32)
+    ids_np = torch.randint(0, N, (40,)).numpy()
+    source = [(ids32, ids32, None), (ids_np, ids_np, None)]
+    with PingPongLoader(source, features, features[:, 0].clone()) as loader:
+        out = [b.clone() for b in loader]
+    assert torch.equal(out[0].x, features[ids32.long()])
+    assert torch.equal(out[1].x, features[torch.from_numpy(ids_np)])
+    assert torch.equal(out[1].y, features[torch.from_numpy(ids_np), 0])
+
+
+def test_real_dgl_dataloader_shuffled(dgl):
+    g = dgl.rand_graph(N, 4000)
+    features = torch.randn(N, 12)
+    labels = torch.randint(0, 4, (N,))
+    sampler = dgl.dataloading.NeighborSampler([4, 3])
+    source = dgl.dataloading.DataLoader(
+        g, torch.arange(300), sampler, batch_size=64, shuffle=True, drop_last=False
+    )
+    with PingPongLoader(source, features, labels) as loader:
+        assert len(loader) == len(source) == 5
+        seen_orders = []
+        for _ in range(3):
+            order = []
+            for batch in loader:
+                assert torch.equal(batch.x, features[batch.input_nodes])
+                assert torch.equal(batch.y, labels[batch.output_nodes])
+                assert batch.blocks[0].num_src_nodes() == len(batch.input_nodes)
+                assert batch.blocks[-1].num_dst_nodes() == len(batch.output_nodes)
+                order.append(batch.output_nodes.clone())
+            seeds = torch.cat(order)
+            assert torch.equal(seeds.sort().values, torch.arange(300))
+            seen_orders.append(seeds)
+        assert not torch.equal(seen_orders[0], seen_orders[1])  # shuffled per epoch
+
+
+def test_len_and_iteration_semantics():
+    source = make_triples(N, 4)
+    loader = PingPongLoader(source, torch.randn(N, 2))
+    assert len(loader) == 4
+    it = iter(loader)
+    assert iter(it) is it
+    assert sum(1 for _ in it) == 4
+    with pytest.raises(StopIteration):
+        next(it)
+    loader.close()
+    loader.close()  # idempotent
+    assert loader.closed
+    with pytest.raises(pingpong.LoaderClosedError):
+        iter(loader)
+
+
+def test_len_without_source_length():
+    class NoLen:
+        def __iter__(self):
+            return iter(make_triples(N, 2))
+
+    with PingPongLoader(NoLen(), torch.randn(N, 2)) as loader:
+        with pytest.raises(TypeError, match="no len"):
+            len(loader)
+        assert sum(1 for _ in loader) == 2
+
+
+def test_early_break_then_new_epoch():
+    source = make_triples(N, 20)
+    features = torch.randn(N, 5)
+    with PingPongLoader(source, features) as loader:
+        for i, _batch in enumerate(loader):
+            if i == 3:
+                break
+        assert wait_for_no_pingpong_threads(2.0) == []
+        assert check_epoch(loader, source, features, None) == 20
+
+
+def test_reiterating_while_previous_epoch_runs():
+    source = make_triples(N, 10)
+    features = torch.randn(N, 5)
+    with PingPongLoader(source, features) as loader:
+        first = iter(loader)
+        next(first)
+        second = iter(loader)  # ends the first epoch
+        with pytest.raises(StopIteration):
+            next(first)
+        count = 0
+        for batch, triple in zip(second, source, strict=True):
+            assert torch.equal(batch.x, features[triple[0]])
+            count += 1
+        assert count == 10
+
+
+def test_dropping_iterator_stops_producer():
+    with PingPongLoader(make_triples(N, 50), torch.randn(N, 5)) as loader:
+        it = iter(loader)
+        next(it)
+        assert pingpong_threads()
+        del it
+        gc.collect()
+        assert wait_for_no_pingpong_threads(2.0) == []
+
+
+def test_dropping_loader_stops_everything():
+    loader = PingPongLoader(make_triples(N, 50), torch.randn(N, 5))
+    it = iter(loader)
+    next(it)
+    del loader, it
+    gc.collect()
+    assert wait_for_no_pingpong_threads(2.0) == []
+
+
+def test_producer_runs_at_most_num_buffers_minus_one_ahead():
+    pulled: list[int] = []
+
+    class Counting:
+        def __iter__(self):
+            for i, triple in enumerate(make_triples(N, 10)):
+                pulled.append(i)
+                yield triple
+
+    for num_buffers in (2, 4):
+        pulled.clear()
+        with PingPongLoader(Counting(), torch.randn(N, 3), num_buffers=num_buffers) as loader:
+            it = iter(loader)
+            next(it)  # the consumer holds batch 0's slot and does not release it
+            # The producer fills the other num_buffers - 1 slots, then samples one
+            # more item and blocks waiting for a free slot.
+            expected = num_buffers + 1
+            deadline = time.monotonic() + 2
+            while len(pulled) < expected and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # give an over-eager producer time to overrun
+            assert len(pulled) == expected
+            it.close()
+
+
+def test_stats_are_consistent():
+    source = make_triples(N, 8)
+    features = torch.randn(N, 10)
+    labels = torch.randint(0, 3, (N,))
+    with PingPongLoader(source, features, labels) as loader:
+        for _ in range(2):
+            for _ in loader:
+                pass
+        stats = loader.stats
+    rows = 2 * sum(len(t[0]) for t in source)
+    label_rows = 2 * sum(len(t[1]) for t in source)
+    assert stats["epochs"] == 2
+    assert stats["batches"] == 16
+    assert stats["rows_gathered"] == rows
+    assert stats["bytes_gathered"] == rows * 40 + label_rows * 8
+    for key in ("sample_s", "gather_s", "consumer_stall_s", "producer_busy_s", "wall_s"):
+        assert stats[key] >= 0
+    assert 0.0 <= stats["overlap_ratio"] <= 1.0
+    assert stats["slot_bytes"] > 0
+    assert stats["rss_bytes"] > 0
+    # slots grow rarely: at most a few times each, never once per batch
+    assert stats["slot_grows"] <= 2 * 2 * 3
+
+
+def test_slots_are_reused_not_reallocated():
+    source = make_triples(N, 30, max_inputs=100)
+    with PingPongLoader(source, torch.randn(N, 4)) as loader:
+        for _ in loader:
+            pass
+        grows = loader.stats["slot_grows"]
+        for _ in range(3):
+            for _ in loader:
+                pass
+        assert loader.stats["slot_grows"] == grows
+
+
+def test_batch_clone_survives_next_batch():
+    features = torch.randn(N, 4)
+    source = [
+        (torch.arange(10), torch.arange(2), None),
+        (torch.arange(10, 20), torch.arange(2), None),
+    ]
+    with PingPongLoader(source, features, num_buffers=2) as loader:
+        it = iter(loader)
+        kept = next(it).clone()
+        for _ in it:
+            pass
+    assert torch.equal(kept.x, features[:10])
