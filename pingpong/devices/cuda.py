@@ -1,0 +1,295 @@
+"""The CUDA device: slots in GPU memory, filled on a dedicated copy stream.
+
+Gather modes (all enqueue on the copy stream; the host never waits on the GPU
+on the hot path):
+
+- ``zerocopy`` -- the host tables are page-locked in place and mapped; a
+  Numba-CUDA kernel reads the rows straight from host memory into the slot
+  (:func:`pingpong.kernels.cuda.gather_rows_cuda_unchecked`), using a capped
+  share of the SMs.
+- ``staged`` -- the classic path, pipelined: the Numba CPU kernel gathers into
+  a pinned host staging buffer, then an async host-to-device copy.
+- ``device`` -- the tables are copied to GPU memory once at construction;
+  the same kernel gathers on the GPU (the upper bound when tables fit).
+
+Stream/event choreography, per slot (see docs/design):
+
+1. producer: ``copy_stream.wait_event(slot.release_event)`` -- the consumer
+   stream's reads of the slot's previous batch come first;
+2. ids are copied into a pinned staging buffer, then to the GPU, on the copy
+   stream; the gather kernels, labels and blocks follow on the copy stream;
+3. ``ready_event`` is recorded on the copy stream and travels with the batch;
+4. consumer (``next()``): ``current_stream.wait_event(ready_event)``, and
+   ``record_stream`` for every tensor allocated on the copy stream; on the
+   following ``next()`` a ``release_event`` is recorded on the consumer's
+   current stream (looked up every time, never cached) and the slot returns
+   to the free queue with it.
+
+The only host waits: reusing a pinned *id or row staging buffer* waits for the
+copy that read it ``len(ring)`` fills ago (normally long complete), and
+``close()`` synchronises the copy stream before unpinning the tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..blocks import EdgeBlock, is_dgl_block
+from ..errors import GatherModeUnavailable
+from ..kernels import _interop
+from ..kernels.cpu import gather_rows_cpu_unchecked
+from ..store import FeatureStore, HostTable, byte_rows
+from .base import COMPLETED, Device, Event
+from .cpu import CPUDevice
+
+#: Staging buffers kept per kind; a buffer is reused after this many fills.
+STAGING_RING = 4
+
+
+@dataclass
+class CudaEvent:
+    """A recorded CUDA event and the copy-stream tensors a consumer must ``record_stream``."""
+
+    event: torch.cuda.Event
+    tensors: tuple[torch.Tensor, ...] = ()
+
+    def query(self) -> bool:
+        return bool(self.event.query())
+
+
+@dataclass
+class _Staging:
+    """A pinned host buffer (and its device twin) reused round-robin."""
+
+    host: torch.Tensor | None = None
+    device: torch.Tensor | None = None
+    done: torch.cuda.Event | None = None
+
+
+@dataclass
+class _Ring:
+    buffers: list[_Staging] = field(
+        default_factory=lambda: [_Staging() for _ in range(STAGING_RING)]
+    )
+    next: int = 0
+
+    def take(self) -> _Staging:
+        """The next buffer, after the copy that last read it completed."""
+        buffer = self.buffers[self.next]
+        self.next = (self.next + 1) % len(self.buffers)
+        if buffer.done is not None:
+            buffer.done.synchronize()  # normally complete: it was STAGING_RING fills ago
+        return buffer
+
+
+def _capacity(rows: int) -> int:
+    return max(1024, 1 << (max(rows, 1) - 1).bit_length())
+
+
+class CUDADevice(Device):
+    """Slots on a CUDA device, filled on one dedicated high-priority copy stream."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        gather_mode: str,
+        gather_threads: int | None = None,
+        *,
+        max_blocks: int | None = None,
+    ) -> None:
+        if gather_mode not in ("zerocopy", "staged", "device"):
+            raise GatherModeUnavailable(f"unknown CUDA gather mode {gather_mode!r}")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._device = torch.device("cuda", index)
+        self.gather_mode = gather_mode
+        self._cpu = CPUDevice(gather_threads)  # the staged mode's CPU gather
+        self._max_blocks = max_blocks
+        self._copy_stream = torch.cuda.Stream(device=self._device, priority=-1)
+        self._numba_stream: Any = None
+        self._sources: dict[int, Any] = {}  # id(HostTable) -> Numba array the kernel reads
+        self._pinned: list[HostTable] = []
+        self._device_tables: list[torch.Tensor] = []
+        self._id_ring = _Ring()
+        self._row_rings: dict[int, _Ring] = {}
+        self._staged_ids: tuple[np.ndarray, Any] | None = None
+        self._pending: list[torch.Tensor] = []
+        self._dgl_on_device: bool | None = None
+        self._closed = False
+
+    @property
+    def torch_device(self) -> torch.device:
+        return self._device
+
+    # -- lifecycle -------------------------------------------------------------
+    def _numba_gpu(self) -> Any:
+        from numba import cuda
+
+        return cuda.gpus[self._device.index]
+
+    def attach(self, store: FeatureStore) -> None:
+        tables = [*store.tables.values(), *([store.labels] if store.labels else [])]
+        if self.gather_mode == "staged":
+            return
+        with self._numba_gpu():
+            for table in tables:
+                if self.gather_mode == "zerocopy":
+                    self._sources[id(table)] = _interop.pin_in_place(table.byte_rows, table.tensor)
+                    self._pinned.append(table)
+                else:  # device-resident copy, made once
+                    resident = byte_rows(table.tensor).to(self._device)
+                    self._device_tables.append(resident)
+                    self._sources[id(table)] = _interop.device_array(resident)
+
+    def detach(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._copy_stream.synchronize()  # no kernel may still read what we unpin
+        with self._numba_gpu():
+            for table in self._pinned:
+                _interop.unpin(table.byte_rows)
+        self._pinned.clear()
+        self._sources.clear()
+        self._device_tables.clear()
+
+    def producer_started(self) -> None:
+        from numba import cuda
+
+        torch.cuda.set_device(self._device)
+        cuda.select_device(self._device.index)
+        self._cpu.producer_started()
+        if self._numba_stream is None:
+            self._numba_stream = _interop.numba_stream(self._copy_stream)
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        with torch.cuda.stream(self._copy_stream):
+            return torch.empty(shape, dtype=dtype, device=self._device)
+
+    # -- copy stream -------------------------------------------------------------
+    def wait_event(self, event: Event) -> None:
+        if isinstance(event, CudaEvent):
+            self._copy_stream.wait_event(event.event)
+
+    def _device_ids(self, ids: np.ndarray) -> Any:
+        """``ids`` on the GPU via a pinned staging buffer (once per fill, cached)."""
+        if self._staged_ids is not None and self._staged_ids[0] is ids:
+            return self._staged_ids[1]
+        n = len(ids)
+        staging = self._id_ring.take()
+        host, device = staging.host, staging.device
+        if host is None or device is None or host.shape[0] < n:
+            host = staging.host = torch.empty(_capacity(n), dtype=torch.int64, pin_memory=True)
+            with torch.cuda.stream(self._copy_stream):
+                device = staging.device = torch.empty(
+                    _capacity(n), dtype=torch.int64, device=self._device
+                )
+        host[:n].copy_(torch.from_numpy(ids))
+        with torch.cuda.stream(self._copy_stream):
+            device[:n].copy_(host[:n], non_blocking=True)
+        staging.done = torch.cuda.Event()
+        staging.done.record(self._copy_stream)
+        device_ids = _interop.device_array(device[:n])
+        self._staged_ids = (ids, device_ids)
+        return device_ids
+
+    def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
+        self._pending.append(out)
+        if len(ids) == 0:
+            return
+        out_rows = byte_rows(out)
+        if self.gather_mode == "staged":
+            self._gather_staged(table, ids, out_rows)
+            return
+        from ..kernels.cuda import gather_rows_cuda_unchecked
+
+        gather_rows_cuda_unchecked(
+            self._sources[id(table)],
+            self._device_ids(ids),
+            _interop.device_array(out_rows),
+            self._numba_stream,
+            max_blocks=self._max_blocks,
+        )
+
+    def _gather_staged(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
+        ring = self._row_rings.setdefault(id(table), _Ring())
+        staging = ring.take()
+        n = len(ids)
+        if staging.host is None or staging.host.shape[0] < n:
+            staging.host = torch.empty(
+                (_capacity(n), table.row_bytes), dtype=torch.uint8, pin_memory=True
+            )
+        gather_rows_cpu_unchecked(table.byte_rows, ids, staging.host[:n].numpy())
+        with torch.cuda.stream(self._copy_stream):
+            out_rows.copy_(staging.host[:n], non_blocking=True)
+        staging.done = torch.cuda.Event()
+        staging.done.record(self._copy_stream)
+
+    def move_blocks(self, blocks: Any) -> Any:
+        if not isinstance(blocks, list | tuple):
+            return blocks
+        return [self._move_block(block) for block in blocks]
+
+    def _move_block(self, block: Any) -> Any:
+        if is_dgl_block(block):
+            if self._dgl_on_device is None:
+                self._dgl_on_device = _dgl_supports(self._device, block)
+            if self._dgl_on_device:
+                with torch.cuda.stream(self._copy_stream):
+                    return block.to(self._device)
+            src, dst = block.edges()
+            block = EdgeBlock(
+                src.to(torch.int64),
+                dst.to(torch.int64),
+                int(block.num_src_nodes()),
+                int(block.num_dst_nodes()),
+            )
+        if isinstance(block, EdgeBlock):
+            edges = torch.stack((block.src, block.dst)).pin_memory()
+            with torch.cuda.stream(self._copy_stream):
+                moved = edges.to(self._device, non_blocking=True)
+            self._pending.append(moved)
+            return EdgeBlock(moved[0], moved[1], block.num_src_nodes, block.num_dst_nodes)
+        return block
+
+    def record(self) -> Event:
+        event = torch.cuda.Event()
+        event.record(self._copy_stream)
+        tensors, self._pending = tuple(self._pending), []
+        self._staged_ids = None
+        return CudaEvent(event, tensors)
+
+    # -- consumer stream ---------------------------------------------------------
+    def consumer_wait(self, event: Event) -> None:
+        if not isinstance(event, CudaEvent):
+            return
+        stream = torch.cuda.current_stream(self._device)
+        stream.wait_event(event.event)
+        for tensor in event.tensors:
+            tensor.record_stream(stream)
+
+    def consumer_record(self) -> Event:
+        if self._closed:
+            return COMPLETED
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self._device))
+        return CudaEvent(event)
+
+
+def _dgl_supports(device: torch.device, block: Any) -> bool:
+    """True if this DGL build can put graphs on ``device`` (PyPI builds are CPU-only)."""
+    try:
+        block.to(device)
+    except Exception:  # noqa: BLE001 - DGLError, RuntimeError...: any means "no"
+        return False
+    return True
+
+
+def make_cuda_device(
+    device: torch.device, gather_mode: str, gather_threads: int | None
+) -> CUDADevice:
+    """The CUDA device for ``gather_mode`` (``zerocopy``, ``staged`` or ``device``)."""
+    return CUDADevice(device, gather_mode, gather_threads)

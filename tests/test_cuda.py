@@ -1,0 +1,135 @@
+"""The loader on a real GPU (marked ``cuda``; skipped cleanly without one).
+
+Run by ``benchmarks/gpu_check.sh`` on a GPU machine.  Every batch is compared
+bit for bit with ``features[input_nodes]`` on the host.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from conftest import make_triples
+
+import pingpong
+from pingpong import EdgeBlock, PingPongLoader
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+N = 4096
+MODES = ["zerocopy", "staged", "device"]
+
+
+def _host_equal(device_tensor: torch.Tensor, reference: torch.Tensor) -> bool:
+    got = device_tensor.cpu()
+    return got.dtype == reference.dtype and torch.equal(
+        got.reshape(-1).view(torch.uint8), reference.reshape(-1).view(torch.uint8)
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("dtype", "row_shape"),
+    [(torch.float32, (128,)), (torch.float16, (7,)), (torch.bfloat16, (33,)), (torch.int8, (3,))],
+    ids=str,
+)
+def test_bit_identical_on_gpu(mode, dtype, row_shape):
+    features = (torch.randn((N, *row_shape)) * 50).to(dtype)
+    labels = torch.randint(0, 40, (N,))
+    source = make_triples(N, 10, max_inputs=3000, last_out=3)
+    source.append((torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), []))
+    with PingPongLoader(source, features, labels, device="cuda", gather=mode) as loader:
+        assert loader.gather_mode == mode
+        for _ in range(3):
+            for batch, (inputs, outputs, _blocks) in zip(loader, source, strict=True):
+                assert batch.x.device.type == "cuda"
+                assert _host_equal(batch.x, features[inputs])
+                assert _host_equal(batch.y, labels[outputs])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_long_consumer_kernel_before_reading_changes_nothing(mode):
+    """A slow consumer stream amplifies any missing ready/release wait."""
+    features = torch.randn(N, 64)
+    source = make_triples(N, 16, max_inputs=2000)
+    with PingPongLoader(source, features, device="cuda", gather=mode, num_buffers=2) as loader:
+        sums = []
+        for batch in loader:
+            torch.cuda._sleep(20_000_000)  # ~10 ms of GPU time queued before the read
+            sums.append(batch.x.double().sum(dim=1))
+        torch.cuda.synchronize()
+        for got, (inputs, _o, _b) in zip(sums, source, strict=True):
+            assert torch.equal(got.cpu(), features[inputs].double().sum(dim=1))
+
+
+def test_dict_features_and_edge_blocks_move_to_gpu():
+    features = {"a": torch.randn(N, 5), "b": torch.randint(0, 9, (N, 2))}
+    block = EdgeBlock(torch.tensor([0, 1, 2]), torch.tensor([0, 0, 1]), 3, 2)
+    source = [(torch.arange(3), torch.arange(2), [block])]
+    with PingPongLoader(source, features, device="cuda") as loader:
+        (batch,) = list(loader)
+    moved = batch.blocks[0]
+    assert isinstance(moved, EdgeBlock)
+    assert moved.src.device.type == "cuda"
+    assert torch.equal(moved.src.cpu(), block.src)
+    assert moved.num_dst_nodes == 2
+    assert _host_equal(batch.x["a"], features["a"][:3])
+
+
+def test_pinning_is_released_and_can_be_repeated():
+    from pingpong.kernels import _interop
+
+    features = torch.randn(N, 16)
+    before = _interop.registered_count()
+    for _ in range(3):
+        with PingPongLoader(make_triples(N, 3), features, device="cuda") as loader:
+            assert _interop.registered_count() == before + 1
+            assert sum(1 for _ in loader) == 3
+        assert _interop.registered_count() == before
+    # two loaders over one table at once share one registration
+    with PingPongLoader(make_triples(N, 2), features, device="cuda") as a:
+        with PingPongLoader(make_triples(N, 2), features, device="cuda") as b:
+            assert _interop.registered_count() == before + 1
+            list(a)
+            list(b)
+        assert _interop.registered_count() == before + 1
+    assert _interop.registered_count() == before
+    gc.collect()
+
+
+def test_already_pinned_table_is_used_as_is():
+    from pingpong.kernels import _interop
+
+    features = torch.randn(N, 16).pin_memory()
+    before = _interop.registered_count()
+    with PingPongLoader(make_triples(N, 3), features, device="cuda") as loader:
+        assert _interop.registered_count() == before
+        for batch, (inputs, _o, _b) in zip(loader, make_triples(N, 3), strict=True):
+            assert _host_equal(batch.x, features[inputs])
+    assert features.is_pinned()
+
+
+def test_bad_ids_raise_before_any_kernel_on_gpu():
+    features = torch.randn(N, 8)
+    source = [(torch.tensor([0, N]), torch.tensor([0]), None)]
+    with PingPongLoader(source, features, device="cuda") as loader:
+        with pytest.raises(pingpong.IdRangeError, match=f"N = {N}"):
+            list(loader)
+    torch.cuda.synchronize()  # no asynchronous fault was left behind
+
+
+def test_gather_rows_cuda_on_device_arrays():
+    from numba import cuda
+
+    from pingpong.kernels import gather_rows_cuda
+
+    table = torch.randint(0, 255, (1000, 37), dtype=torch.uint8)
+    ids = torch.randint(0, 1000, (5000,))
+    d_table = cuda.to_device(table.numpy())
+    d_out = cuda.device_array((5000, 37), dtype=table.numpy().dtype)
+    gather_rows_cuda(d_table, cuda.to_device(ids.numpy()), d_out)
+    assert (d_out.copy_to_host() == table[ids].numpy()).all()
