@@ -1,0 +1,594 @@
+"""Numba-CUDA zero-copy gather: ``out[i] = table[ids[i]]`` on the GPU.
+
+``table`` is a Numba device array: either real device memory or -- the point
+of the ``zerocopy`` mode -- a device view of pinned, mapped host memory, so
+each row travels over PCIe exactly once, straight into ``out``.
+
+Speed recipe (PyTorch-Direct, Min et al., VLDB 2021):
+
+- A group of ``threads_per_row`` threads (one warp by default) copies one row;
+  groups walk the rows in a grid-stride loop, so any grid size covers every
+  row and the grid can be capped to a small share of the SMs.
+- Rows are copied as raw unsigned words, the widest of 8/4/2/1 bytes that
+  divides the row size and both base addresses (like
+  :func:`pingpong.kernels.cpu.as_words`): dtype-agnostic and bit-exact
+  (float16, bfloat16 stored as int16/uint16, NaN payloads...).
+- Row ``r`` starts at ``table_address + r * row_bytes``, rarely on a 128-byte
+  boundary. Each group's reads are shifted so that every step of
+  ``threads_per_row`` words starts on an aligned window: lanes that fall
+  before the row's first word (the unaligned head) or after its last word
+  (the tail) load a clamped in-row word of the same window and store
+  nothing. Every PCIe read is then a whole, aligned window.
+- Each thread issues ``UNROLL`` independent loads before storing, so a group
+  keeps ``UNROLL`` windows in flight per PCIe round trip.
+
+Contracts:
+
+- :func:`gather_rows_cuda` validates everything on the host *before*
+  anything is launched; an invalid id raises :class:`~pingpong.errors.IdRangeError`
+  and leaves ``out`` untouched.
+- :func:`gather_rows_cuda_unchecked` trusts its caller (the loader validates
+  ids once, when it stages them). An invalid id there reads outside the table.
+- Both enqueue work on ``stream`` and return without waiting, except where a
+  docstring says they synchronise. ``out`` holds the rows once the stream's
+  work up to this call has completed.
+
+Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run in Numba's simulator, on
+Numba's fake device arrays or plain NumPy arrays, with small default grids.
+Without a GPU and without the simulator this module still imports; the gather
+functions raise :class:`~pingpong.errors.GatherModeUnavailable`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numba
+import numpy as np
+from numba import cuda
+
+from ..errors import ConfigError, GatherModeUnavailable, IdTypeError, TableError
+from ._checks import check_gather_shapes, check_id_array, check_id_range, raise_out_of_range
+
+__all__ = [
+    "DEFAULT_THREADS_PER_BLOCK",
+    "GatherPlan",
+    "check_ids_in_range",
+    "default_max_blocks",
+    "gather_rows_cuda",
+    "gather_rows_cuda_unchecked",
+    "is_simulator",
+    "plan_gather",
+]
+
+#: A Numba device array (real or simulated), an object exposing
+#: ``__cuda_array_interface__``, or (ids; everything under the simulator) a
+#: NumPy array.
+Array = Any
+
+#: Bytes of one aligned read window (one L2 line / PCIe read request).
+SEGMENT_BYTES = 128
+#: Independent loads each thread issues before storing them (the kernel body
+#: is written out for exactly 4).
+UNROLL = 4
+#: Threads per block: 8 warps, a common sweet spot for memory-bound kernels.
+DEFAULT_THREADS_PER_BLOCK = 256
+#: Share of the GPU's SMs the gather may occupy by default. 10% of an H200
+#: (13 of 132 SMs, 8 blocks of 256 threads each) keeps ~830 warps with up to
+#: ``UNROLL`` 256-byte reads each in flight: by Little's law (~2 us PCIe read
+#: latency) several times what PCIe Gen5 needs, while 90% of the SMs stay
+#: free for training.
+DEFAULT_SM_SHARE = 0.10
+#: Floor on the SMs used by default, so small GPUs still saturate PCIe.
+MIN_SMS = 4
+#: Largest threads_per_row picked automatically: one warp per row.
+_WARP = 32
+
+#: Stand-ins for device limits under the simulator, which runs one Python
+#: thread per simulated thread (~85 us each): the default grid there is one
+#: block of at most 256 threads.
+_SIM_MULTIPROCESSORS = 1
+_SIM_THREADS_PER_SM = 256
+
+_WORD_DTYPES = {8: np.uint64, 4: np.uint32, 2: np.uint16, 1: np.uint8}
+
+
+def is_simulator() -> bool:
+    """True when ``numba.cuda`` is Numba's CUDA simulator (read at its import)."""
+    try:
+        from numba.cuda.core import config as cuda_config
+    except ImportError:  # pragma: no cover - older numba-cuda layouts
+        return bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
+    return bool(cuda_config.ENABLE_CUDASIM)
+
+
+def _require_cuda() -> None:
+    if not is_simulator() and not cuda.is_available():
+        raise GatherModeUnavailable(
+            "the CUDA gather needs a CUDA GPU and none is available "
+            "(set NUMBA_ENABLE_CUDASIM=1 before importing numba to use Numba's simulator)"
+        )
+
+
+@functools.cache
+def _limits_of_device(device_id: int) -> tuple[int, int]:
+    device = cuda.get_current_device()
+    sms = int(device.MULTIPROCESSOR_COUNT)
+    threads = int(getattr(device, "MAX_THREADS_PER_MULTI_PROCESSOR", 2048))
+    return sms, threads
+
+
+def _device_limits() -> tuple[int, int]:
+    """(SM count, max resident threads per SM) of the current device."""
+    if is_simulator():
+        return _SIM_MULTIPROCESSORS, _SIM_THREADS_PER_SM
+    return _limits_of_device(int(cuda.get_current_device().id))
+
+
+def default_max_blocks(threads_per_block: int = DEFAULT_THREADS_PER_BLOCK) -> int:
+    """Default grid cap: ``DEFAULT_SM_SHARE`` of the SMs (at least ``MIN_SMS``,
+    at most all of them), each filled with as many blocks as can be resident.
+
+    Under the simulator this is one block (see ``_SIM_THREADS_PER_SM``).
+    """
+    sms, threads_per_sm = _device_limits()
+    used_sms = min(sms, max(MIN_SMS, round(sms * DEFAULT_SM_SHARE)))
+    return max(1, used_sms * max(1, threads_per_sm // threads_per_block))
+
+
+# --------------------------------------------------------------------------- arrays
+
+
+def _is_device_array(obj: object) -> bool:
+    return bool(getattr(obj, "__cuda_ndarray__", False))
+
+
+def _plain_device_array(arr: Array) -> Array:
+    """A plain ``DeviceNDArray`` for Numba's mapped/managed arrays.
+
+    ``cuda.mapped_array`` returns a NumPy subclass whose ``view(dtype)`` fails
+    (it lacks ``is_c_contiguous``); a device array over the same memory does
+    not. Other arrays are returned unchanged.
+    """
+    if isinstance(arr, np.ndarray) and _is_device_array(arr) and not is_simulator():
+        return cuda.as_cuda_array(arr)
+    return arr
+
+
+def _as_gather_array(obj: object, name: str) -> Array:
+    """Return ``obj`` as an array a kernel may take without an implicit copy."""
+    if _is_device_array(obj):
+        return _plain_device_array(obj)
+    if not is_simulator() and hasattr(obj, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(obj)
+    if isinstance(obj, np.ndarray):
+        if is_simulator():
+            return obj
+        raise TableError(
+            f"{name} must be a CUDA device array, got a NumPy array (Numba would copy it "
+            f"to the GPU on every launch); for a zero-copy host table pass a device view "
+            f"of pinned mapped memory, e.g. numba.cuda.mapped_array"
+        )
+    raise TableError(f"{name} must be a CUDA device array, got {type(obj).__name__}")
+
+
+def _as_ids_array(ids: object) -> Array:
+    """Device ids as Numba device arrays, host ids as NumPy arrays."""
+    if _is_device_array(ids):
+        return ids
+    if isinstance(ids, np.ndarray):
+        return ids
+    if not is_simulator() and hasattr(ids, "__cuda_array_interface__"):
+        return cuda.as_cuda_array(ids)
+    raise IdTypeError(f"ids must be a NumPy array or a CUDA device array, got {type(ids).__name__}")
+
+
+def _is_c_contiguous(arr: Array) -> bool:
+    if isinstance(arr, np.ndarray):
+        return bool(arr.flags.c_contiguous)
+    return bool(arr.is_c_contiguous())
+
+
+def _address(arr: Array) -> int:
+    """The address of ``arr``'s first element (device address where it has one)."""
+    if not isinstance(arr, np.ndarray) or _is_device_array(arr):
+        try:
+            return int(arr.__cuda_array_interface__["data"][0])
+        except AttributeError:
+            pass  # a simulator array: it wraps a NumPy array
+    return int(arr.__array_interface__["data"][0])
+
+
+def _words(arr: Array, word_bytes: int) -> Array:
+    """View a C-contiguous 2-D array as rows of unsigned ``word_bytes`` words."""
+    return _plain_device_array(arr).view(_WORD_DTYPES[word_bytes])
+
+
+def _configure(kernel: Any, blocks: int, threads: int, stream: Any) -> Any:
+    """``kernel[blocks, threads, stream]`` without Numba's low-occupancy warning.
+
+    Small grids are deliberate here (the gather is capped to a share of the
+    SMs), so Numba's "Grid size N will likely result in GPU under-utilization"
+    warning would only be noise. The filter is held just while the launch is
+    configured, not while the kernel is compiled or launched.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result")
+        return kernel[blocks, threads, stream]
+
+
+def _to_device(host: np.ndarray, stream: Any) -> Array:
+    return cuda.to_device(np.ascontiguousarray(host), stream=stream)
+
+
+def _to_host(dev: Array, stream: Any) -> np.ndarray:
+    """Copy a device array to the host and wait for it (synchronises ``stream``)."""
+    if isinstance(dev, np.ndarray):
+        return dev
+    host = dev.copy_to_host(stream=stream)
+    if not isinstance(stream, int):
+        stream.synchronize()
+    return host
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def _shift_words(
+    table_offset: int, row: int, row_bytes: int, word_bytes: int, align_bytes: int
+) -> int:
+    """Words between row ``row``'s aligned window start and its first word.
+
+    ``table_offset`` is the table address modulo ``SEGMENT_BYTES``; ``row`` must
+    be a 64-bit integer. Always ``< threads_per_row`` (see :class:`GatherPlan`).
+    """
+    return ((table_offset + row * row_bytes) & (align_bytes - 1)) // word_bytes
+
+
+_shift_words_device = cuda.jit(device=True)(_shift_words)
+
+
+@dataclass(frozen=True)
+class GatherPlan:
+    """How one gather launch copies rows; pure host arithmetic, no device work.
+
+    Invariants: ``word_bytes`` divides ``row_bytes`` and both base addresses;
+    ``align_bytes == min(SEGMENT_BYTES, threads_per_row * word_bytes)``, so a
+    row's shift is below ``threads_per_row``; ``threads_per_row`` divides
+    ``threads_per_block``.
+    """
+
+    row_bytes: int
+    word_bytes: int
+    row_words: int
+    table_offset: int
+    align_bytes: int
+    threads_per_row: int
+    threads_per_block: int
+    blocks: int
+
+    def shift_words(self, row: int) -> int:
+        """The head shift of table row ``row`` (what the kernel computes)."""
+        return _shift_words(
+            self.table_offset, int(row), self.row_bytes, self.word_bytes, self.align_bytes
+        )
+
+
+def _is_power_of_two(value: object) -> bool:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        return False
+    number = int(value)
+    return number > 0 and number & (number - 1) == 0
+
+
+def _check_tuning(
+    threads_per_row: int | None, threads_per_block: int, max_blocks: int | None
+) -> None:
+    if not _is_power_of_two(threads_per_block) or threads_per_block > 1024:
+        raise ConfigError(
+            f"threads_per_block must be a power of two in [1, 1024], got {threads_per_block!r}"
+        )
+    if threads_per_row is not None and (
+        not _is_power_of_two(threads_per_row) or threads_per_row > threads_per_block
+    ):
+        raise ConfigError(
+            f"threads_per_row must be a power of two <= threads_per_block "
+            f"({threads_per_block}), got {threads_per_row!r}"
+        )
+    if max_blocks is not None and (
+        not isinstance(max_blocks, (int, np.integer))
+        or isinstance(max_blocks, bool)
+        or max_blocks < 1
+    ):
+        raise ConfigError(f"max_blocks must be a positive int or None, got {max_blocks!r}")
+
+
+def _next_power_of_two(value: int) -> int:
+    return 1 << max(0, int(value) - 1).bit_length()
+
+
+def plan_gather(
+    table: Array,
+    out: Array,
+    num_ids: int,
+    *,
+    threads_per_row: int | None = None,
+    threads_per_block: int = DEFAULT_THREADS_PER_BLOCK,
+    max_blocks: int | None = None,
+) -> GatherPlan:
+    """Choose word width, alignment window and launch shape for a gather.
+
+    ``threads_per_row=None`` picks one warp per row, or the smallest power of
+    two covering the row's words when a row is shorter than a warp.
+    ``max_blocks=None`` uses :func:`default_max_blocks`. The block shrinks to
+    the threads actually needed (in whole warps) for small batches.
+    """
+    _check_tuning(threads_per_row, threads_per_block, max_blocks)
+    row_bytes = int(table.shape[1]) * np.dtype(table.dtype).itemsize
+    addresses = (_address(table), _address(out)) if num_ids and row_bytes else (0, 0)
+    word_bytes = next(
+        w
+        for w in (8, 4, 2, 1)
+        if row_bytes % w == 0 and all(address % w == 0 for address in addresses)
+    )
+    row_words = row_bytes // word_bytes
+    if threads_per_row is None:
+        threads_per_row = min(_WARP, threads_per_block, _next_power_of_two(row_words))
+    threads_per_row = int(threads_per_row)
+    # Whole groups per block: block is a multiple of threads_per_row (powers of two).
+    threads_needed = max(1, num_ids) * threads_per_row
+    unit = max(_WARP, threads_per_row)
+    block = min(int(threads_per_block), unit * math.ceil(threads_needed / unit))
+    cap = default_max_blocks(int(threads_per_block)) if max_blocks is None else int(max_blocks)
+    blocks = max(1, min(cap, math.ceil(threads_needed / block)))
+    return GatherPlan(
+        row_bytes=row_bytes,
+        word_bytes=word_bytes,
+        row_words=row_words,
+        table_offset=addresses[0] % SEGMENT_BYTES,
+        align_bytes=min(SEGMENT_BYTES, threads_per_row * word_bytes),
+        threads_per_row=threads_per_row,
+        threads_per_block=block,
+        blocks=blocks,
+    )
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@cuda.jit
+def _gather_kernel(  # pragma: no cover - compiled (or simulated thread by thread)
+    table,
+    out,
+    ids,
+    dst,
+    use_dst,
+    table_offset,
+    row_bytes,
+    word_bytes,
+    align_bytes,
+    threads_per_row,
+):
+    """Each group of ``threads_per_row`` threads copies rows ``k, k + groups, ...``:
+    ``out[dst[k] if use_dst else k] = table[ids[k]]``, ``UNROLL`` windows per pass.
+    """
+    n = ids.shape[0]
+    row_words = table.shape[1]
+    last = row_words - 1
+    tid = cuda.grid(1)
+    group = tid // threads_per_row
+    lane = tid - group * threads_per_row
+    groups = cuda.gridsize(1) // threads_per_row
+    step = threads_per_row
+    k = group
+    while k < n:
+        src = np.int64(ids[k])
+        d = np.int64(k)
+        if use_dst:
+            d = np.int64(dst[k])
+        shift = _shift_words_device(table_offset, src, row_bytes, word_bytes, align_bytes)
+        end = shift + row_words
+        base = 0
+        while base < end:
+            p0 = base + lane
+            p1 = p0 + step
+            p2 = p1 + step
+            p3 = p2 + step
+            # Loads first (clamped into the row: same aligned windows), then stores.
+            v0 = table[src, min(max(p0 - shift, 0), last)]
+            v1 = v0
+            v2 = v0
+            v3 = v0
+            if base + step < end:
+                v1 = table[src, min(p1 - shift, last)]
+            if base + 2 * step < end:
+                v2 = table[src, min(p2 - shift, last)]
+            if base + 3 * step < end:
+                v3 = table[src, min(p3 - shift, last)]
+            if p0 >= shift and p0 < end:
+                out[d, p0 - shift] = v0
+            if p1 < end:
+                out[d, p1 - shift] = v1
+            if p2 < end:
+                out[d, p2 - shift] = v2
+            if p3 < end:
+                out[d, p3 - shift] = v3
+            base += UNROLL * step
+        k += groups
+
+
+@cuda.jit
+def _minmax_kernel(ids, result):  # pragma: no cover - compiled
+    """``result[0] = min(result[0], ids...)``, ``result[1] = max(...)`` (atomics)."""
+    n = ids.shape[0]
+    start = cuda.grid(1)
+    if start < n:
+        lo = np.int64(ids[start])
+        hi = lo
+        i = start + cuda.gridsize(1)
+        while i < n:
+            v = np.int64(ids[i])
+            lo = min(lo, v)
+            hi = max(hi, v)
+            i += cuda.gridsize(1)
+        cuda.atomic.min(result, 0, lo)
+        cuda.atomic.max(result, 1, hi)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def check_ids_in_range(ids: Array, num_rows: int, stream: Any = None) -> None:
+    """Raise :class:`~pingpong.errors.IdRangeError` unless all ids lie in ``[0, num_rows)``.
+
+    Host ids are checked with NumPy. Device ids are reduced to (min, max) by
+    a small kernel on ``stream`` and the two numbers are read back: this
+    *synchronises* ``stream``. Only on failure are the ids copied to the host
+    to name the first bad value. ``ids`` must already be 1-D int32/int64.
+    """
+    ids = _as_ids_array(ids)
+    if not _is_device_array(ids):
+        check_id_range(ids, num_rows)
+        return
+    n = int(ids.shape[0])
+    if n == 0:
+        return
+    launch_stream = 0 if stream is None else stream
+    limits = np.iinfo(np.int64)
+    result = _to_device(np.array([limits.max, limits.min], dtype=np.int64), launch_stream)
+    threads = min(DEFAULT_THREADS_PER_BLOCK, _WARP * math.ceil(n / _WARP))
+    blocks = max(1, min(math.ceil(n / threads), default_max_blocks(threads)))
+    _configure(_minmax_kernel, blocks, threads, launch_stream)(ids, result)
+    lo, hi = (int(v) for v in _to_host(result, launch_stream))
+    if lo < 0 or hi >= num_rows:
+        raise_out_of_range(_to_host(ids, launch_stream), num_rows)
+
+
+def gather_rows_cuda_unchecked(
+    table: Array,
+    ids: Array,
+    out: Array,
+    stream: Any = None,
+    *,
+    sort_ids: bool = False,
+    max_blocks: int | None = None,
+    threads_per_row: int | None = None,
+    threads_per_block: int = DEFAULT_THREADS_PER_BLOCK,
+) -> None:
+    """Enqueue ``out[:] = table[ids]`` on ``stream`` without validating ids or shapes.
+
+    The caller guarantees what :func:`gather_rows_cuda` checks: 1-D int32/int64
+    ids, every id in ``[0, N)``, C-contiguous 2-D ``table`` and ``out`` of one
+    dtype with ``out.shape == (len(ids), table.shape[1])``. Tuning arguments
+    are still checked (:class:`~pingpong.errors.ConfigError`).
+
+    Host (NumPy) ids are copied to the device first (from pageable memory:
+    the copy is synchronous). ``sort_ids=True`` argsorts the ids on the host
+    (device ids are copied back first, synchronising ``stream``) and gathers
+    rows in ascending id order for host-memory locality; ``out``'s row order
+    is unchanged. The ``ids`` array must stay alive and unmodified until the
+    stream has run the gather.
+    """
+    _check_tuning(threads_per_row, threads_per_block, max_blocks)
+    n = int(ids.shape[0])
+    if n == 0 or int(table.shape[1]) == 0:
+        return
+    plan = plan_gather(
+        table,
+        out,
+        n,
+        threads_per_row=threads_per_row,
+        threads_per_block=threads_per_block,
+        max_blocks=max_blocks,
+    )
+    launch_stream = 0 if stream is None else stream
+    on_device = _is_device_array(ids)
+    if sort_ids:
+        host_ids = _to_host(ids, launch_stream)
+        order = np.argsort(host_ids, kind="stable")
+        src = _to_device(host_ids[order], launch_stream)
+        dst = _to_device(order.astype(np.int64, copy=False), launch_stream)
+    else:
+        src = ids if on_device or is_simulator() else _to_device(ids, launch_stream)
+        dst = src
+    _configure(_gather_kernel, plan.blocks, plan.threads_per_block, launch_stream)(
+        _words(table, plan.word_bytes),
+        _words(out, plan.word_bytes),
+        src,
+        dst,
+        bool(sort_ids),
+        plan.table_offset,
+        plan.row_bytes,
+        plan.word_bytes,
+        plan.align_bytes,
+        plan.threads_per_row,
+    )
+
+
+def gather_rows_cuda(
+    table: Array,
+    ids: Array,
+    out: Array,
+    stream: Any = None,
+    *,
+    sort_ids: bool = False,
+    max_blocks: int | None = None,
+    threads_per_row: int | None = None,
+    threads_per_block: int = DEFAULT_THREADS_PER_BLOCK,
+) -> None:
+    """Enqueue ``out[:] = table[ids]`` on ``stream`` after validating everything.
+
+    Args:
+        table: C-contiguous 2-D ``(N, F)`` device array of any dtype -- device
+            memory or a device view of pinned mapped host memory (zero-copy).
+        ids: 1-D int32/int64 ids, each in ``[0, N)``; a device array or a
+            NumPy array (copied to the device).
+        out: C-contiguous device array ``(len(ids), F)`` of ``table``'s dtype.
+        stream: a Numba stream; ``None`` is the default stream.
+        sort_ids: gather in ascending id order (output order unchanged);
+            costs a host argsort. Default off: DGL's input nodes are
+            usually already clustered.
+        max_blocks: grid cap; ``None`` uses :func:`default_max_blocks`
+            (about 10% of the SMs). Any cap covers all rows (grid-stride).
+        threads_per_row: threads copying one row (power of two); ``None``
+            means one warp, or fewer for rows shorter than a warp.
+        threads_per_block: power of two in ``[1, 1024]``, default 256.
+
+    Under the simulator, ``table``, ``ids`` and ``out`` may also be NumPy arrays.
+
+    Raises:
+        IdShapeError / IdTypeError: ids are not 1-D int32/int64.
+        IdRangeError: an id is outside ``[0, N)``; raised before any launch
+            that reads ``table``, so ``out`` is untouched. Device ids are
+            range-checked by a reduction whose result is read back
+            (synchronises ``stream``).
+        TableError: shapes, dtypes, layout or array kinds do not match.
+        ConfigError: a tuning argument is invalid.
+        GatherModeUnavailable: no GPU and no simulator.
+    """
+    _require_cuda()
+    ids = _as_ids_array(ids)
+    table = _as_gather_array(table, "table")
+    out = _as_gather_array(out, "out")
+    check_id_array(ids)
+    check_gather_shapes(table, ids, out)
+    if not _is_c_contiguous(table) or not _is_c_contiguous(out):
+        raise TableError("table and out must be C-contiguous")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise TableError("out must be writeable")
+    _check_tuning(threads_per_row, threads_per_block, max_blocks)
+    check_ids_in_range(ids, int(table.shape[0]), stream)
+    gather_rows_cuda_unchecked(
+        table,
+        ids,
+        out,
+        stream,
+        sort_ids=sort_ids,
+        max_blocks=max_blocks,
+        threads_per_row=threads_per_row,
+        threads_per_block=threads_per_block,
+    )
