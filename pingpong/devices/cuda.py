@@ -42,6 +42,7 @@ from ..blocks import EdgeBlock, is_dgl_block
 from ..errors import GatherModeUnavailable
 from ..kernels import _interop
 from ..kernels.cpu import gather_rows_cpu_unchecked
+from ..kernels.cuda import DEFAULT_THREADS_PER_BLOCK, gather_rows_cuda_unchecked
 from ..store import FeatureStore, HostTable, byte_rows
 from .base import COMPLETED, Device, Event
 from .cpu import CPUDevice
@@ -164,6 +165,12 @@ class CUDADevice(Device):
         self._cpu.producer_started()
         if self._numba_stream is None:
             self._numba_stream = _interop.numba_stream(self._copy_stream)
+        if self.gather_mode == "device" and self._max_blocks is None:
+            # Device-resident tables are the upper bound: let the gather use the whole GPU.
+            gpu = cuda.get_current_device()
+            self._max_blocks = gpu.MULTIPROCESSOR_COUNT * (
+                gpu.MAX_THREADS_PER_MULTI_PROCESSOR // DEFAULT_THREADS_PER_BLOCK
+            )
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         with torch.cuda.stream(self._copy_stream):
@@ -204,8 +211,6 @@ class CUDADevice(Device):
         if self.gather_mode == "staged":
             self._gather_staged(table, ids, out_rows)
             return
-        from ..kernels.cuda import gather_rows_cuda_unchecked
-
         gather_rows_cuda_unchecked(
             self._sources[id(table)],
             self._device_ids(ids),
