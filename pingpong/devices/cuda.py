@@ -42,7 +42,7 @@ from ..blocks import EdgeBlock, is_dgl_block
 from ..errors import GatherModeUnavailable
 from ..kernels import _interop
 from ..kernels.cpu import gather_rows_cpu_unchecked
-from ..kernels.cuda import DEFAULT_THREADS_PER_BLOCK, gather_rows_cuda_unchecked
+from ..kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked
 from ..store import FeatureStore, HostTable, byte_rows
 from .base import COMPLETED, Device, Event
 from .cpu import CPUDevice
@@ -167,10 +167,7 @@ class CUDADevice(Device):
             self._numba_stream = _interop.numba_stream(self._copy_stream)
         if self.gather_mode == "device" and self._max_blocks is None:
             # Device-resident tables are the upper bound: let the gather use the whole GPU.
-            gpu = cuda.get_current_device()
-            self._max_blocks = gpu.MULTIPROCESSOR_COUNT * (
-                gpu.MAX_THREADS_PER_MULTI_PROCESSOR // DEFAULT_THREADS_PER_BLOCK
-            )
+            self._max_blocks = full_grid_blocks()
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         with torch.cuda.stream(self._copy_stream):

@@ -49,10 +49,20 @@ from typing import Any
 
 import numba
 import numpy as np
-from numba import cuda
 
-from ..errors import ConfigError, GatherModeUnavailable, IdTypeError, TableError
-from ._checks import check_gather_shapes, check_id_array, check_id_range, raise_out_of_range
+from . import _numpy_compat
+
+_numpy_compat.patch()  # before numba-cuda's import: see _numpy_compat
+
+from numba import cuda  # noqa: E402
+
+from ..errors import ConfigError, GatherModeUnavailable, IdTypeError, TableError  # noqa: E402
+from ._checks import (  # noqa: E402
+    check_gather_shapes,
+    check_id_array,
+    check_id_range,
+    raise_out_of_range,
+)
 
 __all__ = [
     "DEFAULT_THREADS_PER_BLOCK",
@@ -118,7 +128,7 @@ def _require_cuda() -> None:
 def _limits_of_device(device_id: int) -> tuple[int, int]:
     device = cuda.get_current_device()
     sms = int(device.MULTIPROCESSOR_COUNT)
-    threads = int(getattr(device, "MAX_THREADS_PER_MULTI_PROCESSOR", 2048))
+    threads = int(device.MAX_THREADS_PER_MULTIPROCESSOR)
     return sms, threads
 
 
@@ -127,6 +137,12 @@ def _device_limits() -> tuple[int, int]:
     if is_simulator():
         return _SIM_MULTIPROCESSORS, _SIM_THREADS_PER_SM
     return _limits_of_device(int(cuda.get_current_device().id))
+
+
+def full_grid_blocks(threads_per_block: int = DEFAULT_THREADS_PER_BLOCK) -> int:
+    """Blocks that fill every SM of the current device (for device-resident tables)."""
+    sms, threads_per_sm = _device_limits()
+    return max(1, sms * max(1, threads_per_sm // threads_per_block))
 
 
 def default_max_blocks(threads_per_block: int = DEFAULT_THREADS_PER_BLOCK) -> int:
