@@ -1,0 +1,480 @@
+"""Train GraphSAGE through pingpong (or the plain synchronous loop, for A/B runs).
+
+    python examples/train_sage.py                       # synthetic graph, pingpong
+    python examples/train_sage.py --loader dgl          # plain loop: index_select per step
+    python examples/train_sage.py --device cuda --gather zerocopy --feat-dtype float16
+    python examples/train_sage.py --mlp                 # features-only baseline
+
+``--loader pingpong`` wraps the sampler's loader in :class:`pingpong.PingPongLoader`,
+which gathers features/labels into preallocated buffers in a background thread.
+``--loader dgl`` is the classic loop: iterate the sampler, then
+``features.index_select(0, input_nodes)`` (and ``.to(device)``) on the training
+thread. Both see the same batches for the same ``--seed`` with
+``--sampler builtin``.
+
+Sampling uses DGL's ``NeighborSampler`` when DGL is installed and pingpong's
+built-in sampler otherwise (``--sampler`` picks). Evaluation samples
+neighbours of the val/test nodes with the training fanouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import importlib.util
+import json
+import math
+import sys
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch.nn import functional as F
+
+if importlib.util.find_spec("pingpong") is None:  # running from a source checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sage_model import MLP, SAGE
+
+import pingpong
+from pingpong.blocks import as_edge_block
+from pingpong.sources import (
+    BuiltinLoader,
+    CSRGraph,
+    NeighborSampler,
+    make_synthetic_graph,
+)
+
+HAVE_DGL = importlib.util.find_spec("dgl") is not None
+FEAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+# --------------------------------------------------------------------------- arguments
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {text}")
+    return value
+
+
+def fanout_list(text: str) -> list[int]:
+    """``"15,10,5"`` -> ``[15, 10, 5]``; each fanout positive or -1 (all neighbours)."""
+    try:
+        fanouts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers like 15,10,5, got {text!r}") from None
+    if any(f == 0 or f < -1 for f in fanouts):
+        raise argparse.ArgumentTypeError(f"fanouts must be positive or -1, got {text!r}")
+    return fanouts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="GraphSAGE node classification through pingpong.PingPongLoader.")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--loader", choices=["pingpong", "dgl"], default="pingpong",
+                   help="pingpong: PingPongLoader; dgl: plain loop with synchronous "
+                        "index_select gather (the A/B baseline)")
+    p.add_argument("--gather", choices=["auto", "cpu", "zerocopy", "staged", "device"],
+                   default="auto", help="pingpong gather mode")
+    p.add_argument("--num-buffers", type=positive_int, default=2)
+    p.add_argument("--epochs", type=positive_int, default=3)
+    p.add_argument("--batch-size", type=positive_int, default=1024)
+    p.add_argument("--eval-batch-size", type=positive_int, default=4096)
+    p.add_argument("--fanouts", type=fanout_list, default=[15, 10, 5],
+                   help="comma-separated, outermost layer first (default 15,10,5)")
+    p.add_argument("--hidden", type=positive_int, default=128)
+    p.add_argument("--dropout", type=probability, default=0.5)
+    p.add_argument("--lr", type=positive_float, default=3e-3)
+    p.add_argument("--num-workers", type=non_negative_int, default=0,
+                   help="DGL sampling worker processes (--sampler dgl only)")
+    p.add_argument("--amp", choices=["off", "fp16", "bf16"], default="off")
+    p.add_argument("--feat-dtype", choices=list(FEAT_DTYPES), default="float32")
+    p.add_argument("--sampler", choices=["dgl", "builtin"],
+                   default="dgl" if HAVE_DGL else "builtin",
+                   help="default: dgl if importable, else builtin")
+    p.add_argument("--dataset", choices=["synthetic", "reddit", "ogbn-products", "ogbn-arxiv"],
+                   default="synthetic")
+    p.add_argument("--graph", type=Path, default=None,
+                   help="a dgl.save_graphs file with ndata feat/label "
+                        "(and optionally train/val/test_mask); overrides --dataset")
+    p.add_argument("--num-nodes", type=positive_int, default=100_000)
+    p.add_argument("--num-classes", type=positive_int, default=16)
+    p.add_argument("--feat-dim", type=positive_int, default=128)
+    p.add_argument("--avg-degree", type=positive_float, default=15.0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--mlp", action="store_true",
+                   help="features-only baseline (same loop, the model ignores the blocks)")
+    p.add_argument("--log-every", type=positive_int, default=20)
+    p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
+    # Test hook: per-step digests of everything the training step reads.
+    p.add_argument("--dump-batches", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+# --------------------------------------------------------------------------- data
+@dataclass
+class Dataset:
+    features: torch.Tensor
+    labels: torch.Tensor
+    train_idx: torch.Tensor
+    val_idx: torch.Tensor
+    test_idx: torch.Tensor
+    num_classes: int
+    dgl_graph: Any = None
+    csr: CSRGraph | None = None
+    synthetic: Any = None
+
+    def sampling_graph(self, sampler: str) -> Any:
+        if sampler == "builtin":
+            if self.csr is None:
+                self.csr = (self.synthetic.to_csr() if self.synthetic is not None
+                            else CSRGraph.from_dgl(self.dgl_graph))
+            return self.csr
+        if self.dgl_graph is None:
+            self.dgl_graph = self.synthetic.to_dgl()
+        return self.dgl_graph
+
+
+def _split_from_masks(g: Any, labels: torch.Tensor, seed: int) -> tuple[torch.Tensor, ...]:
+    if all(f"{s}_mask" in g.ndata for s in ("train", "val", "test")):
+        return tuple(torch.nonzero(g.ndata[f"{s}_mask"], as_tuple=True)[0]
+                     for s in ("train", "val", "test"))
+    perm = torch.randperm(labels.shape[0], generator=torch.Generator().manual_seed(seed))
+    n_train, n_val = int(0.6 * len(perm)), int(0.2 * len(perm))
+    return (perm[:n_train].sort().values, perm[n_train:n_train + n_val].sort().values,
+            perm[n_train + n_val:].sort().values)
+
+
+def _from_dgl_graph(g: Any, seed: int) -> Dataset:
+    for key in ("feat", "label"):
+        if key not in g.ndata:
+            raise KeyError(f"graph has no ndata[{key!r}]")
+    labels = g.ndata["label"].reshape(-1).long()
+    train_idx, val_idx, test_idx = _split_from_masks(g, labels, seed)
+    num_classes = int(labels[labels >= 0].max()) + 1
+    return Dataset(g.ndata["feat"], labels, train_idx, val_idx, test_idx, num_classes,
+                   dgl_graph=g)
+
+
+def load_dataset(args: argparse.Namespace) -> Dataset:
+    """Load or generate the data; raises on any failure (the caller reports it)."""
+    if args.graph is not None:
+        import dgl
+
+        graphs, _ = dgl.load_graphs(str(args.graph))
+        return _from_dgl_graph(graphs[0], args.seed)
+    if args.dataset == "synthetic":
+        sg = make_synthetic_graph(num_nodes=args.num_nodes, num_classes=args.num_classes,
+                                  feat_dim=args.feat_dim, avg_degree=args.avg_degree,
+                                  seed=args.seed)
+        return Dataset(sg.features, sg.labels, sg.train_idx, sg.val_idx, sg.test_idx,
+                       sg.num_classes, synthetic=sg)
+    if args.dataset == "reddit":
+        from dgl.data import RedditDataset
+
+        return _from_dgl_graph(RedditDataset()[0], args.seed)
+    import dgl
+    from ogb.nodeproppred import DglNodePropPredDataset
+
+    ogb = DglNodePropPredDataset(name=args.dataset)
+    g, labels = ogb[0]
+    if args.dataset == "ogbn-arxiv":  # directed citations: add the reverse edges
+        g = dgl.to_bidirected(g, copy_ndata=True)
+    split = ogb.get_idx_split()
+    labels = labels.reshape(-1).long()
+    return Dataset(g.ndata["feat"], labels, split["train"], split["valid"], split["test"],
+                   int(labels.max()) + 1, dgl_graph=g)
+
+
+def make_source(data: Dataset, args: argparse.Namespace, idx: torch.Tensor, batch_size: int,
+                shuffle: bool) -> Iterable[Any]:
+    """A re-iterable of ``(input_nodes, output_nodes, blocks)`` triples on the CPU."""
+    graph = data.sampling_graph(args.sampler)
+    if args.sampler == "builtin":
+        return BuiltinLoader(graph, idx, NeighborSampler(args.fanouts), batch_size,
+                             shuffle=shuffle, seed=args.seed)
+    import dgl
+
+    return dgl.dataloading.DataLoader(
+        graph, idx, dgl.dataloading.NeighborSampler(args.fanouts), batch_size=batch_size,
+        shuffle=shuffle, drop_last=False, num_workers=args.num_workers)
+
+
+# --------------------------------------------------------------------------- loaders
+class SyncBatch(NamedTuple):
+    """Same fields as ``pingpong.Batch``."""
+
+    input_nodes: torch.Tensor
+    output_nodes: torch.Tensor
+    blocks: list[Any]
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class SyncLoader:
+    """The plain loop pingpong replaces: sample, then gather on the training thread.
+
+    On CUDA the gathered rows are copied synchronously and the blocks become
+    :class:`~pingpong.blocks.EdgeBlock` on the GPU (a CPU-only DGL cannot move
+    blocks there), matching what pingpong delivers.
+    """
+
+    def __init__(self, source: Iterable[Any], features: torch.Tensor, labels: torch.Tensor,
+                 device: torch.device) -> None:
+        self.source = source
+        self.features = features
+        self.labels = labels
+        self.device = device
+        self.stats: dict[str, float] = dict(batches=0, rows_gathered=0, bytes_gathered=0,
+                                            sample_s=0.0, gather_s=0.0)
+
+    def __len__(self) -> int:
+        return len(self.source)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[SyncBatch]:
+        it = iter(self.source)
+        row_bytes = self.features[0].numel() * self.features.element_size()
+        while True:
+            t0 = time.perf_counter()
+            try:
+                input_nodes, output_nodes, blocks = next(it)
+            except StopIteration:
+                return
+            t1 = time.perf_counter()
+            x = self.features.index_select(0, input_nodes)
+            y = self.labels.index_select(0, output_nodes)
+            if self.device.type != "cpu":
+                x = x.to(self.device)
+                y = y.to(self.device)
+                blocks = [as_edge_block(b).to(self.device) for b in blocks]
+            t2 = time.perf_counter()
+            s = self.stats
+            s["batches"] += 1
+            s["rows_gathered"] += int(input_nodes.shape[0])
+            s["bytes_gathered"] += int(input_nodes.shape[0]) * row_bytes
+            s["sample_s"] += t1 - t0
+            s["gather_s"] += t2 - t1
+            yield SyncBatch(input_nodes, output_nodes, list(blocks), x, y)
+
+    def close(self) -> None:
+        pass
+
+
+def make_loader(source: Iterable[Any], data: Dataset, args: argparse.Namespace,
+                device: torch.device) -> Any:
+    if args.loader == "dgl":
+        return SyncLoader(source, data.features, data.labels, device)
+    if not hasattr(pingpong, "PingPongLoader"):
+        raise RuntimeError("pingpong.PingPongLoader is not available in this checkout")
+    return pingpong.PingPongLoader(source, data.features, data.labels, device=str(device),
+                                   num_buffers=args.num_buffers, gather=args.gather)
+
+
+# --------------------------------------------------------------------------- training
+def batch_digest(batch: Any) -> str:
+    """SHA-256 over ids, gathered rows, labels and block edges of one batch."""
+    h = hashlib.sha256()
+    tensors = [batch.input_nodes, batch.output_nodes, batch.x, batch.y]
+    for block in batch.blocks:
+        eb = as_edge_block(block)
+        tensors += [eb.src, eb.dst, torch.tensor([eb.num_src_nodes, eb.num_dst_nodes])]
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def autocast(args: argparse.Namespace, device: torch.device) -> Any:
+    if args.amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[args.amp])
+
+
+def evaluate(model: torch.nn.Module, loader: Any, args: argparse.Namespace,
+             device: torch.device) -> float:
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for batch in loader:
+            with autocast(args, device):
+                logits = model(batch.blocks, batch.x)
+            correct += int((logits.argmax(1) == batch.y).sum())
+            total += int(batch.y.shape[0])
+    model.train()
+    return correct / max(total, 1)
+
+
+def gpu_column(device: torch.device) -> str:
+    if device.type != "cuda":
+        return ""
+    return f" | GPU {torch.cuda.max_memory_allocated(device) / 1e6:.1f} MB"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(args: argparse.Namespace, data: Dataset, device: torch.device) -> dict[str, Any]:
+    torch.manual_seed(args.seed)
+    if args.sampler == "dgl":
+        import dgl
+
+        dgl.seed(args.seed)
+    in_feats = data.features.shape[1]
+    model_cls = MLP if args.mlp else SAGE
+    model = model_cls(in_feats, args.hidden, data.num_classes, len(args.fanouts),
+                      args.dropout).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    scaler = torch.amp.GradScaler("cuda", enabled=args.amp == "fp16" and device.type == "cuda")
+
+    train_loader = make_loader(
+        make_source(data, args, data.train_idx, args.batch_size, shuffle=True), data, args,
+        device)
+    val_loader = make_loader(
+        make_source(data, args, data.val_idx, args.eval_batch_size, shuffle=False), data,
+        args, device)
+    test_loader = make_loader(
+        make_source(data, args, data.test_idx, args.eval_batch_size, shuffle=False), data,
+        args, device)
+    epoch_times: list[float] = []
+    losses: list[float] = []
+    digests: list[str] = []
+    val_acc = 0.0
+    try:
+        for epoch in range(args.epochs):
+            sync(device)
+            t_epoch = t_log = time.perf_counter()
+            seen_since_log = 0
+            for step, batch in enumerate(train_loader):
+                if args.dump_batches is not None:
+                    digests.append(batch_digest(batch))
+                with autocast(args, device):
+                    logits = model(batch.blocks, batch.x)
+                    loss = F.cross_entropy(logits.float(), batch.y)
+                opt.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                losses.append(float(loss.detach()))
+                seen_since_log += int(batch.y.shape[0])
+                if (step + 1) % args.log_every == 0:
+                    acc = float((logits.argmax(1) == batch.y).float().mean())
+                    now = time.perf_counter()
+                    print(f"Epoch {epoch:05d} | Step {step + 1:05d} | Loss {losses[-1]:.4f} | "
+                          f"Train Acc {acc:.4f} | Speed (samples/sec) "
+                          f"{seen_since_log / (now - t_log):.1f}{gpu_column(device)}",
+                          flush=True)
+                    t_log, seen_since_log = now, 0
+            sync(device)
+            epoch_times.append(time.perf_counter() - t_epoch)
+            print(f"Epoch Time(s): {epoch_times[-1]:.4f}", flush=True)
+            val_acc = evaluate(model, val_loader, args, device)
+            print(f"Eval Acc {val_acc:.4f}", flush=True)
+        test_acc = evaluate(model, test_loader, args, device)
+        print(f"Test Acc: {test_acc:.4f}", flush=True)
+        stats = dict(train_loader.stats)
+    finally:
+        for loader in (train_loader, val_loader, test_loader):
+            loader.close()
+    if args.dump_batches is not None:
+        args.dump_batches.write_text(json.dumps(digests))
+    n_train = int(data.train_idx.shape[0])
+    return {
+        "epoch_times": epoch_times,
+        "test_acc": test_acc,
+        "val_acc": val_acc,
+        "samples_per_sec": n_train * len(epoch_times) / sum(epoch_times),
+        "loader": args.loader,
+        "device": str(device),
+        "sampler": args.sampler,
+        "model": "mlp" if args.mlp else "sage",
+        "losses": losses,
+        "stats": _jsonable(stats),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine")
+    if args.sampler == "dgl" and not HAVE_DGL:
+        parser.error("--sampler dgl: DGL is not installed (use --sampler builtin)")
+    if args.graph is not None and not HAVE_DGL:
+        parser.error("--graph needs DGL to read dgl.save_graphs files")
+    if args.num_workers and args.sampler != "dgl":
+        parser.error("--num-workers applies to --sampler dgl only")
+    if args.amp == "fp16" and args.device == "cpu":
+        parser.error("--amp fp16 needs --device cuda (use --amp bf16 on the CPU)")
+    device = torch.device(args.device)
+    warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
+
+    source_name = str(args.graph) if args.graph is not None else args.dataset
+    try:
+        data = load_dataset(args)
+    # Downloads, missing packages, bad files: one line, no traceback.
+    except Exception as exc:  # noqa: BLE001
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        parser.exit(1, f"train_sage.py: cannot load dataset {source_name!r}: "
+                       f"{type(exc).__name__}: {message}\n")
+    data.features = data.features.to(FEAT_DTYPES[args.feat_dtype]).contiguous()
+    data.labels = data.labels.contiguous()
+    print(f"Dataset {source_name}: {data.features.shape[0]} nodes, "
+          f"{data.features.shape[1]} features, {data.num_classes} classes, "
+          f"{len(data.train_idx)}/{len(data.val_idx)}/{len(data.test_idx)} train/val/test | "
+          f"loader {args.loader} | sampler {args.sampler} | device {device} | "
+          f"model {'MLP' if args.mlp else 'SAGE'}", flush=True)
+    result = train(args, data, device)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

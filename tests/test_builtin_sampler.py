@@ -1,0 +1,287 @@
+"""The built-in sampler against brute force on small graphs (and against DGL)."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from pingpong.blocks import EdgeBlock
+from pingpong.sources import BuiltinLoader, CSRGraph, NeighborSampler
+
+HAVE_DGL = importlib.util.find_spec("dgl") is not None
+
+
+def random_graph(num_nodes: int = 120, num_edges: int = 900, seed: int = 0) -> CSRGraph:
+    """A simple directed graph (no duplicate edges) with a hub of in-degree > 64
+    and nodes without in-edges."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, num_nodes, num_edges)
+    dst = rng.integers(0, num_nodes - 5, num_edges)  # the last 5 nodes: no in-edges
+    hub_src = np.arange(num_nodes)
+    hub_src = hub_src[hub_src != 0]
+    src = np.concatenate([src, hub_src])  # node 0: in-degree ~ num_nodes
+    dst = np.concatenate([dst, np.zeros_like(hub_src)])
+    keep = src != dst
+    pairs = np.unique(np.stack([src[keep], dst[keep]], 1), axis=0)
+    return CSRGraph.from_edges(pairs[:, 0], pairs[:, 1], num_nodes)
+
+
+def in_neighbours(graph: CSRGraph) -> list[set[int]]:
+    ip, ix = graph.indptr.tolist(), graph.indices.tolist()
+    return [set(ix[ip[v]:ip[v + 1]]) for v in range(graph.num_nodes)]
+
+
+def check_triple(graph: CSRGraph, fanouts: list[int], triple, seeds: torch.Tensor) -> None:
+    """Every documented invariant of one sampled batch, checked by brute force."""
+    input_nodes, output_nodes, blocks = triple
+    nbrs = in_neighbours(graph)
+    assert input_nodes.dtype == torch.int64
+    assert output_nodes.dtype == torch.int64
+    assert torch.equal(output_nodes, seeds)
+    assert len(blocks) == len(fanouts)
+    assert all(isinstance(b, EdgeBlock) for b in blocks)
+    assert blocks[0].num_src_nodes == len(input_nodes)
+    assert blocks[-1].num_dst_nodes == len(output_nodes)
+    assert len(set(input_nodes.tolist())) == len(input_nodes)  # distinct
+    assert torch.equal(input_nodes[: len(output_nodes)], output_nodes)
+    for i in range(len(blocks) - 1):
+        assert blocks[i].num_dst_nodes == blocks[i + 1].num_src_nodes
+    ids = input_nodes.tolist()
+    for block, fanout in zip(blocks, fanouts, strict=True):
+        assert block.src.dtype == torch.int64
+        assert block.dst.dtype == torch.int64
+        assert block.num_dst_nodes <= block.num_src_nodes
+        src, dst = block.src.tolist(), block.dst.tolist()
+        assert all(0 <= s < block.num_src_nodes for s in src)
+        assert all(0 <= d < block.num_dst_nodes for d in dst)
+        per_dst: dict[int, list[int]] = {d: [] for d in range(block.num_dst_nodes)}
+        for s, d in zip(src, dst, strict=True):
+            # local id j of any layer is global node input_nodes[j]
+            assert ids[s] in nbrs[ids[d]], "sampled edge not in the graph"
+            per_dst[d].append(ids[s])
+        for d, got in per_dst.items():
+            degree = len(nbrs[ids[d]])
+            assert len(got) == (degree if fanout == -1 else min(degree, fanout))
+            assert len(set(got)) == len(got), "sampled with replacement"
+        # the source nodes are exactly the destination nodes plus the sampled neighbours
+        sampled = {ids[s] for s in src}
+        assert set(ids[: block.num_src_nodes]) == set(ids[: block.num_dst_nodes]) | sampled
+
+
+@pytest.mark.parametrize("fanouts", [[3], [4, 2], [-1, 5], [70, 2], [2, 3, 100]],
+                         ids=lambda f: ",".join(map(str, f)))
+def test_invariants_brute_force(fanouts: list[int]) -> None:
+    graph = random_graph()
+    seeds = torch.tensor([0, 7, 119, 3, 50, 118, 22])
+    triple = NeighborSampler(fanouts).sample_blocks(graph, seeds, rng_seed=5)
+    check_triple(graph, fanouts, triple, seeds)
+
+
+def test_loader_batches_obey_invariants_and_cover_seeds() -> None:
+    graph = random_graph()
+    seeds = torch.arange(0, 120, 3)
+    loader = BuiltinLoader(graph, seeds, NeighborSampler([5, 3]), batch_size=8, shuffle=True,
+                           seed=1)
+    seen = []
+    for triple in loader:
+        check_triple(graph, [5, 3], triple, triple[1])
+        seen.append(triple[1])
+    assert sorted(torch.cat(seen).tolist()) == seeds.tolist()
+
+
+def test_csr_from_edges_matches_brute_force() -> None:
+    rng = np.random.default_rng(3)
+    src, dst = rng.integers(0, 30, 200), rng.integers(0, 30, 200)
+    graph = CSRGraph.from_edges(src, dst, 30)
+    for v in range(30):
+        got = graph.indices[graph.indptr[v]:graph.indptr[v + 1]].tolist()
+        assert got == src[dst == v].tolist()  # stable: edge order kept, duplicates kept
+    assert torch.equal(graph.in_degrees(), torch.bincount(torch.from_numpy(dst), minlength=30))
+    assert graph.num_edges == 200
+
+
+def test_csr_validation() -> None:
+    with pytest.raises(IndexError):
+        CSRGraph.from_edges([0, 5], [1, 2], 5)
+    with pytest.raises(ValueError):
+        CSRGraph.from_edges([0, 1], [1], 5)
+    with pytest.raises(TypeError):
+        CSRGraph.from_edges([0.0, 1.0], [1, 2], 5)
+    with pytest.raises(ValueError):
+        CSRGraph(torch.tensor([0, 1]), torch.tensor([0, 0]), 1)  # indptr[-1] != len(indices)
+    with pytest.raises(TypeError):
+        CSRGraph(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0]), 1)
+
+
+def test_fanout_all_and_isolated_nodes() -> None:
+    graph = random_graph()
+    _, _, blocks = NeighborSampler([-1]).sample_blocks(graph, torch.tensor([119, 0]), 0)
+    degree = graph.in_degrees()
+    assert blocks[0].num_edges == int(degree[119] + degree[0])
+    assert int(degree[119]) == 0
+    assert int((blocks[0].dst == 0).sum()) == 0
+
+
+def test_determinism_by_seed() -> None:
+    graph = random_graph()
+    seeds = torch.arange(100)
+
+    def epochs(seed: int) -> list:
+        loader = BuiltinLoader(graph, seeds, NeighborSampler([4, 4]), 16, shuffle=True,
+                               seed=seed)
+        return [list(loader) for _ in range(2)]
+
+    def flat(run: list) -> list[torch.Tensor]:
+        out = []
+        for epoch in run:
+            for inp, outp, blocks in epoch:
+                out += [inp, outp] + [t for b in blocks for t in (b.src, b.dst)]
+        return out
+
+    a, b, c = flat(epochs(7)), flat(epochs(7)), flat(epochs(8))
+    assert len(a) == len(b)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert len(a) != len(c) or not all(
+        x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_reshuffle_per_epoch_and_set_epoch() -> None:
+    graph = random_graph()
+    seeds = torch.arange(100)
+    loader = BuiltinLoader(graph, seeds, NeighborSampler([2]), 10, shuffle=True, seed=3)
+    e0 = torch.cat([o for _, o, _ in loader])
+    e1 = torch.cat([o for _, o, _ in loader])
+    assert loader.epoch == 2
+    assert not torch.equal(e0, e1)
+    assert sorted(e0.tolist()) == sorted(e1.tolist()) == seeds.tolist()
+    loader.set_epoch(0)
+    again = list(loader)
+    assert torch.equal(torch.cat([o for _, o, _ in again]), e0)
+
+    ordered = BuiltinLoader(graph, seeds, NeighborSampler([2]), 10, shuffle=False)
+    first = list(ordered)
+    second = list(ordered)
+    assert torch.equal(torch.cat([o for _, o, _ in first]), seeds)
+    # no shuffle: same seed order, but each epoch draws fresh neighbours
+    assert any(not torch.equal(a[0], b[0]) for a, b in zip(first, second, strict=True))
+
+
+@pytest.mark.parametrize(("drop_last", "expected"), [(False, [4, 4, 2]), (True, [4, 4])])
+def test_len_and_drop_last(drop_last: bool, expected: list[int]) -> None:
+    graph = random_graph()
+    loader = BuiltinLoader(graph, torch.arange(10), NeighborSampler([2]), 4,
+                           drop_last=drop_last)
+    assert len(loader) == len(expected)
+    assert [len(o) for _, o, _ in loader] == expected
+
+
+def test_iterators_are_independent() -> None:
+    graph = random_graph()
+    loader = BuiltinLoader(graph, torch.arange(40), NeighborSampler([3, 3]), 8, seed=2)
+    it0, it1 = iter(loader), iter(loader)  # epochs 0 and 1, interleaved
+    mixed0 = []
+    for a, b in zip(it0, it1, strict=True):
+        mixed0.append(a)
+        del b
+    loader.set_epoch(0)
+    for (i0, o0, b0), (i1, o1, b1) in zip(mixed0, loader, strict=True):
+        assert torch.equal(i0, i1)
+        assert torch.equal(o0, o1)
+        assert all(torch.equal(x.src, y.src) for x, y in zip(b0, b1, strict=True))
+
+
+@pytest.mark.parametrize(("degree", "fanout"), [(10, 3), (100, 70)], ids=["floyd", "fisher-yates"])
+def test_uniform_without_replacement(degree: int, fanout: int) -> None:
+    graph = CSRGraph.from_edges(torch.arange(1, degree + 1), torch.zeros(degree, dtype=torch.long),
+                                degree + 1)
+    sampler = NeighborSampler([fanout])
+    counts: Counter[int] = Counter()
+    draws = 600
+    for r in range(draws):
+        inp, _, (block,) = sampler.sample_blocks(graph, torch.tensor([0]), rng_seed=r)
+        picked = inp[block.src].tolist()
+        assert len(set(picked)) == fanout
+        counts.update(picked)
+    expected = draws * fanout / degree
+    assert set(counts) == set(range(1, degree + 1))
+    assert max(abs(c - expected) for c in counts.values()) < 0.3 * expected
+
+
+def test_argument_validation() -> None:
+    graph = random_graph()
+    for bad in ([], [0], [-2], [1.5], "10,10"):
+        with pytest.raises((TypeError, ValueError)):
+            NeighborSampler(bad)  # type: ignore[arg-type]
+    sampler = NeighborSampler([2])
+    with pytest.raises(IndexError):
+        sampler.sample_blocks(graph, torch.tensor([120]), 0)
+    with pytest.raises(ValueError):
+        sampler.sample_blocks(graph, torch.tensor([1, 1]), 0)
+    with pytest.raises(ValueError):
+        BuiltinLoader(graph, torch.tensor([1, 2, 1]), sampler, 2)
+    with pytest.raises(ValueError):
+        BuiltinLoader(graph, torch.arange(4), sampler, 0)
+    with pytest.raises(TypeError):
+        BuiltinLoader(graph, torch.arange(4), [2], 2)  # type: ignore[arg-type]
+    with pytest.raises(IndexError):
+        BuiltinLoader(graph, torch.tensor([-1]), sampler, 2)
+
+
+# --------------------------------------------------------------------------- DGL parity
+
+
+def _dgl_graph(graph: CSRGraph):
+    import dgl
+
+    ip = graph.indptr
+    dst = torch.repeat_interleave(torch.arange(graph.num_nodes), ip[1:] - ip[:-1])
+    return dgl.graph((graph.indices, dst), num_nodes=graph.num_nodes)
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="DGL is not installed")
+def test_from_dgl_matches_from_edges() -> None:
+    graph = random_graph()
+    other = CSRGraph.from_dgl(_dgl_graph(graph))
+    assert torch.equal(other.indptr, graph.indptr)
+    assert in_neighbours(other) == in_neighbours(graph)
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="DGL is not installed")
+@pytest.mark.parametrize("fanouts", [[4, 3], [-1, -1]], ids=["sampled", "full"])
+def test_same_triple_conventions_as_dgl(fanouts: list[int]) -> None:
+    import dgl
+
+    graph = random_graph()
+    g = _dgl_graph(graph)
+    seeds = torch.arange(0, 120, 2)
+    ours = list(BuiltinLoader(graph, seeds, NeighborSampler(fanouts), 16))
+    theirs = list(dgl.dataloading.DataLoader(g, seeds, dgl.dataloading.NeighborSampler(fanouts),
+                                             batch_size=16, shuffle=False))
+    assert len(ours) == len(theirs)
+    for (i0, o0, b0), (i1, o1, b1) in zip(ours, theirs, strict=True):
+        assert (i0.dtype, o0.dtype, i0.dim()) == (i1.dtype, o1.dtype, i1.dim())
+        assert torch.equal(o0, o1)
+        assert len(b0) == len(b1)
+        # DGL's own prefix convention, which ours documents and mirrors
+        assert torch.equal(b1[0].srcdata[dgl.NID], i1)
+        assert torch.equal(b1[-1].dstdata[dgl.NID], o1)
+        for blk in b1:
+            nid = blk.srcdata[dgl.NID]
+            assert torch.equal(nid, i1[: blk.num_src_nodes()])
+            assert torch.equal(blk.dstdata[dgl.NID], nid[: blk.num_dst_nodes()])
+        assert b0[-1].num_dst_nodes == b1[-1].num_dst_nodes()
+        if fanouts == [-1, -1]:  # no randomness: the same nodes and global edges
+            assert set(i0.tolist()) == set(i1.tolist())
+            for ours_b, dgl_b in zip(b0, b1, strict=True):
+                assert ours_b.num_src_nodes == dgl_b.num_src_nodes()
+                assert ours_b.num_dst_nodes == dgl_b.num_dst_nodes()
+                s, d = dgl_b.edges()
+                ours_edges = zip(i0[ours_b.src].tolist(), i0[ours_b.dst].tolist(), strict=True)
+                dgl_edges = zip(i1[s.long()].tolist(), i1[d.long()].tolist(), strict=True)
+                assert sorted(ours_edges) == sorted(dgl_edges)

@@ -1,0 +1,122 @@
+"""The synthetic graph: determinism, shapes, skew, and that the graph matters."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from pingpong.sources import SyntheticGraph, make_synthetic_graph
+
+FIELDS = ("src", "dst", "features", "labels", "train_idx", "val_idx", "test_idx")
+
+
+@pytest.fixture(scope="module")
+def graph() -> SyntheticGraph:
+    return make_synthetic_graph(num_nodes=20_000, num_classes=8, feat_dim=64, avg_degree=12,
+                                seed=1)
+
+
+def test_deterministic_by_seed(graph: SyntheticGraph) -> None:
+    again = make_synthetic_graph(num_nodes=20_000, num_classes=8, feat_dim=64, avg_degree=12,
+                                 seed=1)
+    other = make_synthetic_graph(num_nodes=20_000, num_classes=8, feat_dim=64, avg_degree=12,
+                                 seed=2)
+    for name in FIELDS:
+        assert torch.equal(getattr(graph, name), getattr(again, name)), name
+    assert not torch.equal(graph.labels, other.labels)
+    assert not torch.equal(graph.features, other.features)
+
+
+def test_shapes_and_dtypes(graph: SyntheticGraph) -> None:
+    n = graph.num_nodes
+    assert graph.features.shape == (n, 64)
+    assert graph.features.dtype == torch.float32
+    assert graph.labels.shape == (n,)
+    assert graph.labels.dtype == torch.int64
+    assert int(graph.labels.min()) >= 0
+    assert int(graph.labels.max()) < graph.num_classes == 8
+    assert graph.src.dtype == graph.dst.dtype == torch.int64
+    assert 9 < graph.num_edges / n <= 12  # duplicates and self-loops cost a little
+    splits = [graph.train_idx, graph.val_idx, graph.test_idx]
+    assert [len(s) for s in splits] == [int(0.3 * n), int(0.05 * n), int(0.1 * n)]
+    everything = torch.cat(splits)
+    assert len(torch.unique(everything)) == len(everything)
+    for s in splits:
+        assert torch.equal(s, torch.sort(s).values)
+
+
+def test_edges_simple_and_symmetric(graph: SyntheticGraph) -> None:
+    n = graph.num_nodes
+    assert not bool((graph.src == graph.dst).any())
+    fwd = graph.src * n + graph.dst
+    assert len(torch.unique(fwd)) == len(fwd)
+    assert torch.equal(torch.sort(fwd).values, torch.sort(graph.dst * n + graph.src).values)
+
+
+def test_skewed_degrees(graph: SyntheticGraph) -> None:
+    degree = torch.bincount(graph.dst, minlength=graph.num_nodes).float()
+    assert float(degree.max()) > 15 * float(degree.median())
+    assert float(degree.mean()) > 1.3 * float(degree.median())
+
+
+def test_communities_follow_labels(graph: SyntheticGraph) -> None:
+    same = float((graph.labels[graph.src] == graph.labels[graph.dst]).float().mean())
+    expected = 0.6 + 0.4 / graph.num_classes  # homophily + chance of a random edge
+    assert abs(same - expected) < 0.03
+
+
+def test_neighbours_carry_the_signal(graph: SyntheticGraph) -> None:
+    """Nearest class centroid: own features are mediocre, neighbour means much better."""
+    x, y = graph.features, graph.labels
+    centroids = torch.stack([x[graph.train_idx][y[graph.train_idx] == c].mean(0)
+                             for c in range(graph.num_classes)])
+    degree = torch.bincount(graph.dst, minlength=graph.num_nodes).clamp(min=1)
+    neigh = torch.zeros_like(x).index_add_(0, graph.dst, x[graph.src]) / degree[:, None]
+    test = graph.test_idx
+
+    def accuracy(h: torch.Tensor) -> float:
+        return float((torch.cdist(h[test], centroids).argmin(1) == y[test]).float().mean())
+
+    own, with_neighbours = accuracy(x), accuracy(x + neigh)
+    assert 0.2 < own < 0.7
+    assert with_neighbours > own + 0.15
+
+
+def test_to_csr(graph: SyntheticGraph) -> None:
+    csr = graph.to_csr()
+    assert csr.num_nodes == graph.num_nodes
+    assert csr.num_edges == graph.num_edges
+    assert torch.equal(csr.in_degrees(), torch.bincount(graph.dst, minlength=graph.num_nodes))
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(importlib.util.find_spec("dgl") is None, reason="DGL is not installed")
+def test_to_dgl(graph: SyntheticGraph) -> None:
+    g = graph.to_dgl()
+    assert g.num_nodes() == graph.num_nodes
+    assert g.num_edges() == graph.num_edges
+    assert torch.equal(g.ndata["feat"], graph.features)
+    assert torch.equal(g.ndata["label"], graph.labels)
+    for name in ("train", "val", "test"):
+        mask = g.ndata[f"{name}_mask"]
+        assert mask.dtype == torch.bool
+        assert torch.equal(torch.nonzero(mask, as_tuple=True)[0], getattr(graph, f"{name}_idx"))
+
+
+def test_feat_dtype() -> None:
+    g = make_synthetic_graph(num_nodes=500, num_classes=4, feat_dim=8, avg_degree=4,
+                             feat_dtype=torch.bfloat16)
+    assert g.features.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(num_nodes=0), dict(num_classes=0), dict(feat_dim=-1), dict(avg_degree=-1.0),
+    dict(seed=-1), dict(feat_dtype=torch.int64), dict(homophily=1.5),
+    dict(power_law_exponent=1.5), dict(train_frac=0.9, val_frac=0.2),
+    dict(num_nodes=3, num_classes=4),
+])
+def test_validation(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        make_synthetic_graph(**kwargs)
