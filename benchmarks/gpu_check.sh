@@ -1,45 +1,70 @@
 #!/usr/bin/env bash
 # GPU check: one command for a machine with a CUDA GPU (Python 3.12, torch with
-# CUDA, numba-cuda; no DGL, no network).  Runs, in order, each step bounded by
-# its own timeout so the whole script stays under ~8 minutes:
-#   1. the CUDA tests (tests/test_cuda.py, and the kernel tests on the real GPU)
-#   2. compute-sanitizer memcheck on a small zero-copy workload (if available)
-#   3. the gather benchmark on CUDA (zero-copy vs staged vs pinned index_select
-#      vs pinned memcpy vs device-resident), JSON + Markdown
-#   4. GraphSAGE epochs with the built-in sampler for each gather mode
-# Usage: benchmarks/gpu_check.sh OUTDIR
+# CUDA, numba-cuda; no DGL, no network).  Each step has its own time limit so
+# the whole script stays well under 8 minutes:
+#   tests     the CUDA tests (tests/test_cuda.py; the kernel tests on the real GPU)
+#   memcheck  compute-sanitizer memcheck on a small workload (if the tool works here)
+#   gather    benchmarks/gather.py --device cuda (zero-copy vs staged vs pinned
+#             index_select vs pinned memcpy vs device-resident)
+#   epochs    GraphSAGE with the built-in sampler: the plain loop and each gather mode
+# Usage: benchmarks/gpu_check.sh OUTDIR [STEP...]   (default: all steps)
+# Writes at most 6 files: machine.txt, log.txt, epochs.json, gather-cuda.{json,md,png}.
 set -u
-out=${1:?usage: benchmarks/gpu_check.sh OUTDIR}
+out=${1:?usage: benchmarks/gpu_check.sh OUTDIR [STEP...]}
+shift
+steps=${*:-tests memcheck gather epochs}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+log=$out/log.txt
 status=0
-step() {  # step NAME SECONDS CMD...
+run() {  # run NAME SECONDS CMD...
   local name=$1 limit=$2; shift 2
-  echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s)" | tee -a "$out/summary.txt"
-  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$log"
+  timeout "$limit" "$@" >>"$log" 2>&1
   local rc=$?
-  tail -n 15 "$out/$name.log"
-  echo "-- $name rc=$rc" | tee -a "$out/summary.txt"
+  echo "--- $name rc=$rc" | tee -a "$log"
   [ $rc -eq 0 ] || status=1
 }
 {
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  $py -c "import torch, numba, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numba', numba.__version__, 'numpy', numpy.__version__)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv
+  nproc; free -g | head -2
+  $py -c "import torch, numba, numpy; from numba import cuda; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numba', numba.__version__, 'numba-cuda', getattr(cuda, '__version__', '?'), 'numpy', numpy.__version__)"
 } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
-step cuda-tests 180 $py -m pytest -q -p no:cacheprovider -o addopts="" -W ignore::DeprecationWarning \
-  tests/test_cuda.py tests/test_kernels_cudasim.py
-if command -v compute-sanitizer >/dev/null; then
-  step memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 3 $py benchmarks/gpu_sanitize.py
-else
-  echo "compute-sanitizer not found: memcheck skipped" | tee -a "$out/summary.txt"
-fi
-step gather-bench 150 $py benchmarks/gather.py --device cuda --out "$out"
-for mode in zerocopy staged device; do
-  step "epoch-$mode" 60 $py examples/train_sage.py --device cuda --sampler builtin \
-    --gather "$mode" --epochs 2 --json "$out/epoch-$mode.json"
+for step in $steps; do
+  case $step in
+    tests)
+      run tests 150 $py -m pytest -q -p no:cacheprovider -W default -x \
+        tests/test_cuda.py tests/test_kernels_cudasim.py ;;
+    memcheck)
+      if command -v compute-sanitizer >/dev/null; then
+        run memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 \
+          $py benchmarks/gpu_sanitize.py
+      else
+        echo "compute-sanitizer not found: memcheck skipped" | tee -a "$log"
+      fi ;;
+    gather)
+      run gather 150 $py benchmarks/gather.py --device cuda --out "$out" ;;
+    epochs)
+      tmp=$(mktemp -d)
+      run epoch-plain 60 $py examples/train_sage.py --device cuda --sampler builtin \
+        --loader dgl --epochs 3 --json "$tmp/plain.json"
+      for mode in zerocopy staged device; do
+        run "epoch-$mode" 60 $py examples/train_sage.py --device cuda --sampler builtin \
+          --gather "$mode" --epochs 3 --json "$tmp/$mode.json"
+      done
+      $py - "$tmp" "$out/epochs.json" <<'PY'
+import json, pathlib, sys
+runs = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(runs, indent=1))
+for name, r in runs.items():
+    print(name, "epoch_times", [round(t, 3) for t in r.get("epoch_times", [])], "test_acc", r.get("test_acc"))
+PY
+      ;;
+    *) echo "unknown step $step"; status=1 ;;
+  esac
 done
-echo "gpu_check finished with status $status" | tee -a "$out/summary.txt"
+echo "gpu_check finished with status $status" | tee -a "$log"
 exit $status
