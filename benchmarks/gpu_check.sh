@@ -40,7 +40,7 @@ for step in $steps; do
         tests/test_cuda.py tests/test_kernels_cudasim.py ;;
     memcheck)
       if command -v compute-sanitizer >/dev/null; then
-        run memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 3 \
+        run memcheck 90 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
           $py benchmarks/gpu_sanitize.py
       else
         echo "compute-sanitizer not found: memcheck skipped" | tee -a "$log"

@@ -112,7 +112,7 @@ class CUDADevice(Device):
         self._copy_stream = torch.cuda.Stream(device=self._device, priority=-1)
         self._numba_stream: Any = None
         self._sources: dict[int, Any] = {}  # id(HostTable) -> Numba array the kernel reads
-        self._pinned: list[HostTable] = []
+        self._pins: list[_interop.PinnedTable] = []
         self._device_tables: list[torch.Tensor] = []
         self._id_ring = _Ring()
         self._row_rings: dict[int, _Ring] = {}
@@ -138,8 +138,9 @@ class CUDADevice(Device):
         with self._numba_gpu():
             for table in tables:
                 if self.gather_mode == "zerocopy":
-                    self._sources[id(table)] = _interop.pin_in_place(table.byte_rows, table.tensor)
-                    self._pinned.append(table)
+                    pin = _interop.pin_in_place(table.byte_rows, table.tensor)
+                    self._pins.append(pin)
+                    self._sources[id(table)] = pin.array
                 else:  # device-resident copy, made once
                     resident = byte_rows(table.tensor).to(self._device)
                     self._device_tables.append(resident)
@@ -151,9 +152,9 @@ class CUDADevice(Device):
         self._closed = True
         self._copy_stream.synchronize()  # no kernel may still read what we unpin
         with self._numba_gpu():
-            for table in self._pinned:
-                _interop.unpin(table.byte_rows)
-        self._pinned.clear()
+            for pin in self._pins:
+                pin.release()
+        self._pins.clear()
         self._sources.clear()
         self._device_tables.clear()
 

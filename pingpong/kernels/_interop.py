@@ -5,14 +5,14 @@ over torch memory, and in-place page-locking of host tensors.  Under Numba's
 CUDA simulator none of it exists, so the loader's CUDA device (the only user)
 is tested on a real GPU; the kernels themselves are simulator-tested.
 
-Pinning contract (:func:`pin_in_place` / :func:`unpin`): a host tensor is
-page-locked *where it lies* with ``cudaHostRegister`` -- never copied, so
-pinning a table larger than half of RAM does not double its memory.  A
-process-wide reference count per address makes two loaders over the same
-table register it once (no "already mapped" error, DGL #3800/#3939) and
-unregister it when the last one closes; memory that was already pinned by
-someone else (``tensor.is_pinned()`` or ``cudaErrorHostMemoryAlreadyRegistered``)
-is used as it is and never unregistered by pingpong.
+Pinning contract (:func:`pin_in_place` -> :class:`PinnedTable`): a host
+tensor is page-locked *where it lies* -- never copied, so pinning a table
+larger than half of RAM does not double its memory.  A process-wide reference
+count per address makes two loaders over the same table share one
+registration (no "already mapped" error, DGL #3800/#3939); it is unregistered
+when the last handle is released, and can be registered again afterwards.
+Memory that was already pinned by someone else (``tensor.is_pinned()``) is
+used as it is and never unregistered by pingpong.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..errors import TableError
 
 @dataclass
 class _Registration:
-    memory: Any  # numba MappedMemory; unregisters when released
+    memory: Any  # numba MappedMemory; unregisters when freed
     count: int
 
 
@@ -37,14 +37,47 @@ _pin_lock = threading.Lock()
 _registrations: dict[int, _Registration] = {}
 
 
-def pin_in_place(byte_rows: np.ndarray, owner: torch.Tensor) -> Any:
-    """Page-lock and map ``byte_rows``' memory in place; return a zero-copy device array.
+class PinnedTable:
+    """A zero-copy device view of a host table, and the pin it holds.
 
-    The returned Numba device array reads the host rows directly over PCIe.
-    Memory already pinned by torch (``owner.is_pinned()``) is used as it is
-    and never unregistered by pingpong; otherwise the range is registered with
-    ``cuMemHostRegister`` (through Numba's driver API, so a failure does not
-    leave a sticky error in torch's CUDA runtime) and reference-counted.
+    ``array`` is a Numba device array that reads the host rows directly over
+    PCIe.  :meth:`release` drops this handle's share of the registration
+    (idempotent); the memory is unregistered when the last handle of
+    pingpong's goes.  Memory pinned by someone else is never unregistered.
+    """
+
+    def __init__(self, array: Any, ptr: int | None) -> None:
+        self.array = array
+        self._ptr = ptr  # None: not registered by pingpong
+
+    def release(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        self.array = None
+        if ptr is None:
+            return
+        with _pin_lock:
+            registration = _registrations[ptr]
+            registration.count -= 1
+            if registration.count > 0:
+                return
+            del _registrations[ptr]
+            from numba import cuda
+
+            registration.memory.free()
+            # Numba defers the unregistration; flush it now so that registering
+            # the same table again (a new loader) cannot find it "already mapped".
+            cuda.current_context().deallocations.clear()
+
+
+def pin_in_place(byte_rows: np.ndarray, owner: torch.Tensor) -> PinnedTable:
+    """Page-lock and map ``byte_rows``' memory in place (no copy); see :class:`PinnedTable`.
+
+    Registrations are reference-counted per address, so two loaders over one
+    table share one registration (no "already mapped" error, DGL #3800/#3939).
+    Memory pinned by torch or another library (``owner.is_pinned()``, and not
+    by pingpong) is used as it is.  Registration goes through Numba's driver
+    API (``cuMemHostRegister``), so a failure leaves no sticky error in
+    torch's CUDA runtime.
 
     Raises:
         TableError: registration failed (e.g. ``ulimit -l`` too low); the
@@ -55,17 +88,19 @@ def pin_in_place(byte_rows: np.ndarray, owner: torch.Tensor) -> Any:
 
     ptr = int(byte_rows.ctypes.data)
     nbytes = int(byte_rows.nbytes)
-    if owner.is_pinned():
-        interface = {
-            "shape": tuple(byte_rows.shape),
-            "typestr": byte_rows.dtype.str,
-            "data": (ptr, False),
-            "strides": None,
-            "version": 3,
-        }
-        return cuda.from_cuda_array_interface(interface, owner=owner, sync=False)
     with _pin_lock:
         registration = _registrations.get(ptr)
+        if registration is None and owner.is_pinned():
+            interface = {
+                "shape": tuple(byte_rows.shape),
+                "typestr": byte_rows.dtype.str,
+                "data": (ptr, False),
+                "strides": None,
+                "version": 3,
+            }
+            return PinnedTable(
+                cuda.from_cuda_array_interface(interface, owner=owner, sync=False), None
+            )
         if registration is None:
             try:
                 memory = cuda.current_context().mempin(owner, ptr, nbytes, mapped=True)
@@ -77,29 +112,13 @@ def pin_in_place(byte_rows: np.ndarray, owner: torch.Tensor) -> Any:
                 ) from exc
             registration = _registrations[ptr] = _Registration(memory, 0)
         registration.count += 1
-        memory = registration.memory
-    return devicearray.DeviceNDArray(
-        shape=byte_rows.shape, strides=byte_rows.strides, dtype=byte_rows.dtype, gpu_data=memory
-    )
-
-
-def unpin(byte_rows: np.ndarray) -> None:
-    """Drop one registration made by :func:`pin_in_place`; unregister at zero."""
-    ptr = int(byte_rows.ctypes.data)
-    with _pin_lock:
-        registration = _registrations.get(ptr)
-        if registration is None:
-            return
-        registration.count -= 1
-        if registration.count > 0:
-            return
-        del _registrations[ptr]
-        from numba import cuda
-
-        registration.memory.free()
-        # Numba defers the unregistration; flush it now so that registering
-        # the same table again (a new loader) cannot find it "already mapped".
-        cuda.current_context().deallocations.clear()
+        array = devicearray.DeviceNDArray(
+            shape=byte_rows.shape,
+            strides=byte_rows.strides,
+            dtype=byte_rows.dtype,
+            gpu_data=registration.memory,
+        )
+    return PinnedTable(array, ptr)
 
 
 def registered_count() -> int:

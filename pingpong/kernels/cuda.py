@@ -224,17 +224,28 @@ def _words(arr: Array, word_bytes: int) -> Array:
     return _plain_device_array(arr).view(_WORD_DTYPES[word_bytes])
 
 
-def _configure(kernel: Any, blocks: int, threads: int, stream: Any) -> Any:
-    """``kernel[blocks, threads, stream]`` without Numba's low-occupancy warning.
+#: Numba's warning for launches of fewer than 128 blocks.
+LOW_OCCUPANCY_WARNING = r"Grid size \d+ will likely result in GPU under-utilization"
+
+
+@functools.cache
+def _ignore_low_occupancy_warning() -> None:
+    """Silence Numba's low-occupancy warning, process-wide, once.
 
     Small grids are deliberate here (the gather is capped to a share of the
-    SMs), so Numba's "Grid size N will likely result in GPU under-utilization"
-    warning would only be noise. The filter is held just while the launch is
-    configured, not while the kernel is compiled or launched.
+    SMs), so "Grid size N will likely result in GPU under-utilization" is
+    noise.  Depending on the numba-cuda version it is raised when the launch
+    is configured or when it runs, possibly in the producer thread, and
+    ``warnings.catch_warnings`` is not thread-safe, so one narrow filter
+    (this exact message only) is installed on the first launch instead.
     """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Grid size \d+ will likely result")
-        return kernel[blocks, threads, stream]
+    warnings.filterwarnings("ignore", message=LOW_OCCUPANCY_WARNING)
+
+
+def _configure(kernel: Any, blocks: int, threads: int, stream: Any) -> Any:
+    """``kernel[blocks, threads, stream]`` without Numba's low-occupancy warning."""
+    _ignore_low_occupancy_warning()
+    return kernel[blocks, threads, stream]
 
 
 def _to_device(host: np.ndarray, stream: Any) -> Array:
