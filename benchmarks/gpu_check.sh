@@ -8,11 +8,12 @@
 #             index_select vs pinned memcpy vs device-resident)
 #   epochs    GraphSAGE with the built-in sampler: the plain loop and each gather mode
 # Usage: benchmarks/gpu_check.sh OUTDIR [STEP...]   (default: all steps)
-# Writes at most 6 files: machine.txt, log.txt, epochs.json, gather-cuda.{json,md,png}.
+# Writes at most 7 files: machine.txt, log.txt, epochs.json, epochs-large.json,
+# gather-cuda.{json,md,png}.
 set -u
 out=${1:?usage: benchmarks/gpu_check.sh OUTDIR [STEP...]}
 shift
-steps=${*:-tests memcheck gather epochs}
+steps=${*:-tests memcheck gather epochs epochs-large}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -36,7 +37,7 @@ cat "$out/machine.txt"
 for step in $steps; do
   case $step in
     tests)
-      run tests 150 $py -m pytest -q -p no:cacheprovider -W default -x \
+      run tests 150 $py -m pytest -q -p no:cacheprovider -W default \
         tests/test_cuda.py tests/test_kernels_cudasim.py ;;
     memcheck)
       if command -v compute-sanitizer >/dev/null; then
@@ -46,16 +47,23 @@ for step in $steps; do
         echo "compute-sanitizer not found: memcheck skipped" | tee -a "$log"
       fi ;;
     gather)
-      run gather 150 $py benchmarks/gather.py --device cuda --out "$out" ;;
-    epochs)
+      run gather 180 $py benchmarks/gather.py --device cuda --table-gib 4 \
+        --row-bytes 128 512 2048 --dtypes float32 --rounds 5 --out "$out" ;;
+    epochs|epochs-large)
+      # epochs: the example's default graph; epochs-large: 500k nodes x 256 features
+      # (a 0.5 GB table, ~100k rows per batch) so that gathering matters.
+      size=(); n_epochs=3
+      [ "$step" = epochs-large ] && size=(--num-nodes 500000 --feat-dim 256 --fanouts 10,10) && n_epochs=2
       tmp=$(mktemp -d)
-      run epoch-plain 60 $py examples/train_sage.py --device cuda --sampler builtin \
-        --loader dgl --epochs 3 --json "$tmp/plain.json"
-      for mode in zerocopy staged device; do
-        run "epoch-$mode" 60 $py examples/train_sage.py --device cuda --sampler builtin \
-          --gather "$mode" --epochs 3 --json "$tmp/$mode.json"
+      run "$step-plain" 90 $py examples/train_sage.py --device cuda --sampler builtin \
+        --loader dgl --epochs "$n_epochs" "${size[@]}" --json "$tmp/plain.json"
+      for mode in zerocopy zerocopy-sorted staged device; do
+        extra=(--gather "${mode%-sorted}")
+        [ "$mode" = zerocopy-sorted ] && extra+=(--sort-ids)
+        run "$step-$mode" 90 $py examples/train_sage.py --device cuda --sampler builtin \
+          "${extra[@]}" --epochs "$n_epochs" "${size[@]}" --json "$tmp/$mode.json"
       done
-      $py - "$tmp" "$out/epochs.json" <<'PY'
+      $py - "$tmp" "$out/$step.json" <<'PY'
 import json, pathlib, sys
 runs = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
 pathlib.Path(sys.argv[2]).write_text(json.dumps(runs, indent=1))

@@ -133,3 +133,14 @@ def test_gather_rows_cuda_on_device_arrays():
     d_out = cuda.device_array((5000, 37), dtype=table.numpy().dtype)
     gather_rows_cuda(d_table, cuda.to_device(ids.numpy()), d_out)
     assert (d_out.copy_to_host() == table[ids].numpy()).all()
+
+
+def test_sorted_id_gather_keeps_output_order():
+    features = torch.randn(N, 40)
+    labels = torch.randint(0, 9, (N,))
+    source = make_triples(N, 8, max_inputs=3000)
+    with PingPongLoader(source, features, labels, device="cuda", sort_ids=True) as loader:
+        for _ in range(2):
+            for batch, (inputs, outputs, _b) in zip(loader, source, strict=True):
+                assert _host_equal(batch.x, features[inputs])
+                assert _host_equal(batch.y, labels[outputs])

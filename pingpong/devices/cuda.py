@@ -101,6 +101,7 @@ class CUDADevice(Device):
         gather_threads: int | None = None,
         *,
         max_blocks: int | None = None,
+        sort_ids: bool = False,
     ) -> None:
         if gather_mode not in ("zerocopy", "staged", "device"):
             raise GatherModeUnavailable(f"unknown CUDA gather mode {gather_mode!r}")
@@ -109,6 +110,7 @@ class CUDADevice(Device):
         self.gather_mode = gather_mode
         self._cpu = CPUDevice(gather_threads)  # the staged mode's CPU gather
         self._max_blocks = max_blocks
+        self._sort_ids = bool(sort_ids)
         self._copy_stream = torch.cuda.Stream(device=self._device, priority=-1)
         self._numba_stream: Any = None
         self._sources: dict[int, Any] = {}  # id(HostTable) -> Numba array the kernel reads
@@ -116,7 +118,7 @@ class CUDADevice(Device):
         self._device_tables: list[torch.Tensor] = []
         self._id_ring = _Ring()
         self._row_rings: dict[int, _Ring] = {}
-        self._staged_ids: tuple[np.ndarray, Any] | None = None
+        self._staged_ids: tuple[np.ndarray, tuple[Any, Any]] | None = None
         self._pending: list[torch.Tensor] = []
         self._dgl_on_device: bool | None = None
         self._closed = False
@@ -179,27 +181,43 @@ class CUDADevice(Device):
         if isinstance(event, CudaEvent):
             self._copy_stream.wait_event(event.event)
 
-    def _device_ids(self, ids: np.ndarray) -> Any:
-        """``ids`` on the GPU via a pinned staging buffer (once per fill, cached)."""
+    def _device_ids(self, ids: np.ndarray) -> tuple[Any, Any]:
+        """``ids`` on the GPU via a pinned staging buffer, once per fill (cached).
+
+        Returns ``(ids, positions)`` as Numba device arrays.  With ``sort_ids``
+        the ids are sorted on the host (in the producer thread, overlapping
+        training) and ``positions`` says which output row each one fills, so
+        the GPU reads host memory in ascending address order; else
+        ``positions`` is None.
+        """
         if self._staged_ids is not None and self._staged_ids[0] is ids:
             return self._staged_ids[1]
         n = len(ids)
+        parts = 2 if self._sort_ids else 1
         staging = self._id_ring.take()
         host, device = staging.host, staging.device
-        if host is None or device is None or host.shape[0] < n:
-            host = staging.host = torch.empty(_capacity(n), dtype=torch.int64, pin_memory=True)
+        if host is None or device is None or host.shape[0] < parts * n:
+            size = _capacity(parts * n)
+            host = staging.host = torch.empty(size, dtype=torch.int64, pin_memory=True)
             with torch.cuda.stream(self._copy_stream):
-                device = staging.device = torch.empty(
-                    _capacity(n), dtype=torch.int64, device=self._device
-                )
-        host[:n].copy_(torch.from_numpy(ids))
+                device = staging.device = torch.empty(size, dtype=torch.int64, device=self._device)
+        if self._sort_ids:
+            order = np.argsort(ids, kind="stable")
+            host_np = host.numpy()
+            host_np[:n] = ids[order]
+            host_np[n : 2 * n] = order
+        else:
+            host[:n].copy_(torch.from_numpy(ids))
         with torch.cuda.stream(self._copy_stream):
-            device[:n].copy_(host[:n], non_blocking=True)
+            device[: parts * n].copy_(host[: parts * n], non_blocking=True)
         staging.done = torch.cuda.Event()
         staging.done.record(self._copy_stream)
-        device_ids = _interop.device_array(device[:n])
-        self._staged_ids = (ids, device_ids)
-        return device_ids
+        staged = (
+            _interop.device_array(device[:n]),
+            _interop.device_array(device[n : 2 * n]) if self._sort_ids else None,
+        )
+        self._staged_ids = (ids, staged)
+        return staged
 
     def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
         self._pending.append(out)
@@ -209,12 +227,14 @@ class CUDADevice(Device):
         if self.gather_mode == "staged":
             self._gather_staged(table, ids, out_rows)
             return
+        device_ids, positions = self._device_ids(ids)
         gather_rows_cuda_unchecked(
             self._sources[id(table)],
-            self._device_ids(ids),
+            device_ids,
             _interop.device_array(out_rows),
             self._numba_stream,
             max_blocks=self._max_blocks,
+            positions=positions,
         )
 
     def _gather_staged(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
@@ -292,7 +312,7 @@ def _dgl_supports(device: torch.device, block: Any) -> bool:
 
 
 def make_cuda_device(
-    device: torch.device, gather_mode: str, gather_threads: int | None
+    device: torch.device, gather_mode: str, gather_threads: int | None, sort_ids: bool = False
 ) -> CUDADevice:
     """The CUDA device for ``gather_mode`` (``zerocopy``, ``staged`` or ``device``)."""
-    return CUDADevice(device, gather_mode, gather_threads)
+    return CUDADevice(device, gather_mode, gather_threads, sort_ids=sort_ids)

@@ -224,8 +224,9 @@ def _words(arr: Array, word_bytes: int) -> Array:
     return _plain_device_array(arr).view(_WORD_DTYPES[word_bytes])
 
 
-#: Numba's warning for launches of fewer than 128 blocks.
-LOW_OCCUPANCY_WARNING = r"Grid size \d+ will likely result in GPU under-utilization"
+#: Numba's warning for launches of fewer than 128 blocks (its text starts with
+#: a terminal colour code, hence the leading ``.*``: filters match from the start).
+LOW_OCCUPANCY_WARNING = r".*Grid size \d+ will likely result in GPU under-utilization"
 
 
 @functools.cache
@@ -505,8 +506,13 @@ def gather_rows_cuda_unchecked(
     max_blocks: int | None = None,
     threads_per_row: int | None = None,
     threads_per_block: int = DEFAULT_THREADS_PER_BLOCK,
+    positions: Array | None = None,
 ) -> None:
     """Enqueue ``out[:] = table[ids]`` on ``stream`` without validating ids or shapes.
+
+    With ``positions`` (a device int64 array of ``len(ids)``), the caller has
+    already sorted the ids: ``out[positions[i]] = table[ids[i]]``. This is
+    how the loader gathers in ascending id order without a host round trip.
 
     The caller guarantees what :func:`gather_rows_cuda` checks: 1-D int32/int64
     ids, every id in ``[0, N)``, C-contiguous 2-D ``table`` and ``out`` of one
@@ -534,20 +540,24 @@ def gather_rows_cuda_unchecked(
     )
     launch_stream = 0 if stream is None else stream
     on_device = _is_device_array(ids)
-    if sort_ids:
+    if positions is not None:
+        src, dst, permuted = ids, positions, True
+    elif sort_ids:
         host_ids = _to_host(ids, launch_stream)
         order = np.argsort(host_ids, kind="stable")
         src = _to_device(host_ids[order], launch_stream)
         dst = _to_device(order.astype(np.int64, copy=False), launch_stream)
+        permuted = True
     else:
         src = ids if on_device or is_simulator() else _to_device(ids, launch_stream)
         dst = src
+        permuted = False
     _configure(_gather_kernel, plan.blocks, plan.threads_per_block, launch_stream)(
         _words(table, plan.word_bytes),
         _words(out, plan.word_bytes),
         src,
         dst,
-        bool(sort_ids),
+        permuted,
         plan.table_offset,
         plan.row_bytes,
         plan.word_bytes,

@@ -1,0 +1,850 @@
+"""Gather throughput: pingpong's kernels against the usual ways to gather rows.
+
+Throughput is GB/s of rows *delivered*: ``len(ids) * row_bytes / seconds``.
+
+CPU (``--device cpu``), every contender with the same thread count N (torch
+and Numba threads both set to N), for N in ``--threads``:
+
+- ``pingpong``      ``pingpong.kernels.gather_rows_cpu`` on the table's byte
+                    view (ids validated on every call, as in the loader);
+- ``index_select``  ``torch.index_select(table, 0, ids, out=buf)``;
+- ``table[ids]``    advanced indexing (allocates its output every call);
+- ``np.take``       ``np.take(table, ids, axis=0, out=buf)`` (bfloat16 tables
+                    are taken through an int16 view: NumPy has no bfloat16);
+- ``memcpy``        ``np.copyto`` of a contiguous block of the same size,
+                    split into N chunks copied by N threads: the bandwidth
+                    ceiling a gather can hope for.
+
+CUDA (``--device cuda``; needs a GPU, exits with one line otherwise):
+
+- ``pingpong zerocopy``  ``pingpong.kernels.gather_rows_cuda`` reading a
+                         pinned host table over PCIe straight into device memory;
+- ``staged``             ``index_select`` into a pinned buffer + ``copy_`` to the
+                         device (the classic CPU-gather path);
+- ``pinned memcpy``      host-to-device copy of a pinned block of the same size
+                         (the PCIe ceiling);
+- ``device index_select`` the table resident in GPU memory (upper bound).
+
+Contenders are alternated in a shuffled order each round, with the CPU
+caches scrubbed before every timed call (see ``_common.alternate``), for
+``--rounds`` rounds; medians are reported, with ratios against
+``index_select`` and ``memcpy``.
+
+Run from the repository root::
+
+    python benchmarks/gather.py --quick                  # < 30 s smoke run
+    python benchmarks/gather.py --out docs/benchmarks    # full CPU run
+    python benchmarks/gather.py --device cuda --out results/gpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import _common
+import numpy as np
+import torch
+
+ROW_BYTES_FULL = (64, 128, 256, 512, 1024, 2048, 4096)
+ROW_BYTES_QUICK = (64, 256, 4096)
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: NumPy view used by ``np.take`` (NumPy has no bfloat16).
+NUMPY_VIEW = {
+    torch.float32: torch.float32,
+    torch.float16: torch.float16,
+    torch.bfloat16: torch.int16,
+}
+#: Goals from the project brief, checked for rows of at least GOAL_MIN_ROW_BYTES.
+GOAL_VS_INDEX_SELECT = 1.0
+GOAL_VS_MEMCPY = 0.85
+GOAL_MIN_ROW_BYTES = 256
+
+CPU_CONTENDERS = ("pingpong", "index_select", "table[ids]", "np.take", "memcpy")
+CUDA_CONTENDERS = (
+    "pingpong zerocopy",
+    "pingpong zerocopy full grid",
+    "staged",
+    "pinned memcpy",
+    "device index_select",
+)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small table, few sizes and dtypes, 3 rounds (< 30 s)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write gather.json, gather.md (and gather.png) into this folder",
+    )
+    p.add_argument(
+        "--name",
+        default=None,
+        help="base name of the output files (default: gather, or gather-cuda)",
+    )
+    p.add_argument(
+        "--table-gib",
+        type=float,
+        default=None,
+        help="feature table size in GiB (default 1.5; --quick: 0.0625)",
+    )
+    p.add_argument(
+        "--batch-mib",
+        type=float,
+        default=None,
+        help="bytes delivered per timed call, MiB (default 64; --quick: 8)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="timed rounds per configuration (default 7; --quick: 3)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        nargs="+",
+        default=None,
+        help="thread counts N to run (default: 1 and 2 on the CPU; half the cores on CUDA)",
+    )
+    p.add_argument(
+        "--row-bytes",
+        type=int,
+        nargs="+",
+        default=None,
+        help="row sizes in bytes (default 64 .. 4096, powers of two)",
+    )
+    p.add_argument("--dtypes", nargs="+", choices=tuple(DTYPES), default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each configuration, wait up to SECONDS for other processes to use "
+        "< 0.25 cores (shared machines); the load while timing is recorded either way",
+    )
+    p.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="measure nothing: re-render the Markdown and PNG of an earlier gather.json",
+    )
+    args = p.parse_args(argv)
+    quick = args.quick
+    if args.table_gib is None:
+        args.table_gib = 0.0625 if quick else 1.5
+    if args.batch_mib is None:
+        args.batch_mib = 8.0 if quick else 64.0
+    if args.rounds is None:
+        args.rounds = 3 if quick else 7
+    if args.row_bytes is None:
+        args.row_bytes = list(ROW_BYTES_QUICK if quick else ROW_BYTES_FULL)
+    cuda = args.device == "cuda"
+    if args.dtypes is None:
+        # The kernels move bytes: on CUDA float16 stands for both 2-byte types.
+        if cuda:
+            args.dtypes = ["float32"] if quick else ["float32", "float16"]
+        else:
+            args.dtypes = ["float32", "bfloat16"] if quick else list(DTYPES)
+    if args.threads is None:
+        cores = _cores()
+        # CPU: every contender at N = 1 and 2.  CUDA: only the staged contender
+        # uses CPU threads; give it the loader's default (half the cores).
+        args.threads = [max(1, cores // 2)] if cuda else sorted({1, min(2, cores)})
+    if args.name is None:
+        args.name = "gather" if args.device == "cpu" else "gather-cuda"
+    for rb in args.row_bytes:
+        if rb < 2 or rb % 2:
+            p.error(f"--row-bytes must be even and >= 2 (bfloat16 rows), got {rb}")
+    if args.rounds < 1:
+        p.error("--rounds must be >= 1")
+    return args
+
+
+def _cores() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- shared
+
+
+def make_table(nbytes: int, seed: int) -> torch.Tensor:
+    """A flat uint8 tensor of ``nbytes`` random bytes, every page touched."""
+    storage = torch.empty(nbytes // 8 * 8, dtype=torch.uint8)
+    gen = torch.Generator().manual_seed(seed)
+    storage.view(torch.int64).random_(generator=gen)
+    return storage
+
+
+def make_ids(num_rows: int, n: int, order: str, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, num_rows, (n,), dtype=torch.int64, generator=gen)
+    if order == "sorted":
+        ids = ids.sort().values
+    return ids
+
+
+def _config_seed(seed: int, *parts: object) -> int:
+    """A seed per configuration, the same in every process (no ``hash()``)."""
+    key = "/".join(str(p) for p in parts).encode()
+    return (seed * 1_000_003 + zlib.crc32(key)) % 2**31
+
+
+class ParallelCopy:
+    """``np.copyto`` of a contiguous block split into N chunks, N threads."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads - 1) if threads > 1 else None
+
+    def __call__(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if self.pool is None:
+            np.copyto(dst, src)
+            return
+        step = -(-src.shape[0] // self.threads)
+        futures = [
+            self.pool.submit(
+                np.copyto, dst[i * step : (i + 1) * step], src[i * step : (i + 1) * step]
+            )
+            for i in range(1, self.threads)
+        ]
+        np.copyto(dst[:step], src[:step])
+        for future in futures:
+            future.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def set_threads(n: int) -> None:
+    import numba
+
+    torch.set_num_threads(n)
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def cpu_contenders(
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+    memcpy_src: np.ndarray,
+    copier: ParallelCopy,
+) -> dict[str, Callable[[], object]]:
+    from pingpong.kernels import gather_rows_cpu
+
+    table_bytes = table.view(torch.uint8).numpy()
+    out_bytes = out.view(torch.uint8).numpy()
+    np_view = NUMPY_VIEW[table.dtype]
+    table_np = table.view(np_view).numpy()
+    out_np = out.view(np_view).numpy()
+    ids_np = ids.numpy()
+    memcpy_dst = out_bytes.reshape(-1)
+
+    return {
+        "pingpong": lambda: gather_rows_cpu(table_bytes, ids_np, out_bytes),
+        "index_select": lambda: torch.index_select(table, 0, ids, out=out),
+        "table[ids]": lambda: table[ids],
+        "np.take": lambda: np.take(table_np, ids_np, axis=0, out=out_np),
+        "memcpy": lambda: copier(memcpy_dst, memcpy_src),
+    }
+
+
+def check_cpu_outputs(
+    contenders: dict[str, Callable[[], object]],
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    out: torch.Tensor,
+) -> list[str]:
+    """Run each gather once and compare bytes with ``table[ids]``; return mismatches."""
+    expected = table[ids].view(torch.uint8)
+    bad = []
+    for name in ("pingpong", "index_select", "np.take"):
+        out.view(torch.uint8).fill_(0)
+        contenders[name]()
+        if not torch.equal(out.view(torch.uint8), expected):
+            bad.append(name)
+    return bad
+
+
+def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
+    import numba
+
+    table_bytes = int(args.table_gib * 2**30)
+    batch_bytes = int(args.batch_mib * 2**20)
+    print(
+        f"# table {table_bytes / 2**30:.2f} GiB, {batch_bytes / 2**20:.0f} MiB per call, "
+        f"{args.rounds} rounds",
+        flush=True,
+    )
+    storage = make_table(table_bytes, args.seed)
+    out_storage = torch.empty(batch_bytes, dtype=torch.uint8)
+    out_storage.fill_(0)
+    scrub = _common.CacheScrubber()
+    load_samples: list[float] = []
+    other_samples: list[float] = []
+    results = []
+    for n_threads in args.threads:
+        set_threads(n_threads)
+        copier = ParallelCopy(n_threads)
+        try:
+            for dtype_name in args.dtypes:
+                dtype = DTYPES[dtype_name]
+                itemsize = torch.empty((), dtype=dtype).element_size()
+                for order in ("random", "sorted"):
+                    for row_bytes in args.row_bytes:
+                        width = row_bytes // itemsize
+                        num_rows = table_bytes // row_bytes
+                        n = batch_bytes // row_bytes
+                        table = storage[: num_rows * row_bytes].view(dtype).view(num_rows, width)
+                        out = out_storage[: n * row_bytes].view(dtype).view(n, width)
+                        seed = _config_seed(args.seed, n_threads, dtype_name, order, row_bytes)
+                        ids = make_ids(num_rows, n, order, seed)
+                        start = int(np.random.default_rng(seed).integers(0, num_rows - n + 1))
+                        memcpy_src = storage.numpy()[start * row_bytes : (start + n) * row_bytes]
+                        fns = cpu_contenders(table, ids, out, memcpy_src, copier)
+                        mismatches = check_cpu_outputs(fns, table, ids, out)
+                        if "pingpong" in mismatches:
+                            raise SystemExit(
+                                f"pingpong gathered wrong bytes ({dtype_name}, {row_bytes} B rows)"
+                            )
+                        waited = 0.0
+                        if args.wait_quiet > 0:
+                            waited, _ = _common.wait_for_quiet(args.wait_quiet)
+                        load = _common.load_average()
+                        if load is not None:
+                            load_samples.append(load[0])
+                        other = _common.OtherLoad()
+                        other.start()
+                        samples = _common.alternate(
+                            fns, args.rounds, warmup=1, before_each=scrub, seed=seed
+                        )
+                        other_cores = other.stop()
+                        if other_cores is not None:
+                            other_samples.append(other_cores)
+                        delivered = n * row_bytes
+                        summary = {k: _common.summarize(v, delivered) for k, v in samples.items()}
+                        record = {
+                            "threads": n_threads,
+                            "dtype": dtype_name,
+                            "order": order,
+                            "row_bytes": row_bytes,
+                            "rows_per_call": n,
+                            "bytes_per_call": delivered,
+                            "load_1min_before": None if load is None else load[0],
+                            "other_processes_cores": other_cores,
+                            "waited_for_quiet_s": waited,
+                            "mismatches": mismatches,
+                            "seconds": samples,
+                            "summary": summary,
+                        }
+                        results.append(record)
+                        print(_progress_line(record, CPU_CONTENDERS), flush=True)
+        finally:
+            copier.close()
+    return {
+        "benchmark": "gather",
+        "device": "cpu",
+        "command": _common.command_line(),
+        "machine": _common.machine_info(),
+        "numba_threading_layer": str(numba.threading_layer()),
+        "settings": {
+            "table_bytes": table_bytes,
+            "batch_bytes": batch_bytes,
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "row_bytes": args.row_bytes,
+            "dtypes": args.dtypes,
+            "seed": args.seed,
+            "wait_quiet_s": args.wait_quiet,
+        },
+        "load_1min": _load_stats(load_samples),
+        "other_processes_cores": _spread(other_samples),
+        "results": results,
+    }
+
+
+def _load_stats(samples: list[float]) -> dict[str, float] | None:
+    if not samples:
+        return None
+    final = _common.load_average()
+    if final is not None:
+        samples = [*samples, final[0]]
+    return {"min": min(samples), "median": float(np.median(samples)), "max": max(samples)}
+
+
+def _spread(samples: list[float]) -> dict[str, float] | None:
+    if not samples:
+        return None
+    return {"min": min(samples), "median": float(np.median(samples)), "max": max(samples)}
+
+
+def _progress_line(record: dict[str, Any], names: tuple[str, ...]) -> str:
+    gbps = "  ".join(
+        f"{name}={record['summary'][name]['median_gbps']:.2f}"
+        for name in names
+        if name in record["summary"]
+    )
+    return (
+        f"N={record['threads']} {record['dtype']:>8} {record['order']:>6} "
+        f"{record['row_bytes']:>4} B: {gbps} GB/s"
+    )
+
+
+# --------------------------------------------------------------------------- CUDA
+
+
+def cuda_unavailable_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "torch.cuda.is_available() is False (no GPU, or a CPU-only torch build)"
+    try:
+        from numba import cuda
+    except ImportError:
+        return "numba.cuda cannot be imported (install numba-cuda)"
+    if not cuda.is_available():
+        return "numba.cuda.is_available() is False"
+    return None
+
+
+def pin_table(host: torch.Tensor) -> tuple[torch.Tensor, Any, Callable[[], None]]:
+    """Pin ``host`` for zero-copy reads; return (pinned tensor, Numba view, undo).
+
+    Uses the loader's own in-place registration (``cudaHostRegister`` through
+    ``pingpong.kernels._interop``) when it exists, so the benchmark reads the
+    table exactly as ``gather="zerocopy"`` does; otherwise copies it into
+    ``pin_memory()`` and views that.
+    """
+    from pingpong.kernels import _interop
+
+    pinned = _interop.pin_in_place(host.numpy(), host)
+    return host, pinned.array, pinned.release
+
+
+def run_cuda(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device("cuda")
+    table_bytes = int(args.table_gib * 2**30)
+    batch_bytes = int(args.batch_mib * 2**20)
+    print(
+        f"# {torch.cuda.get_device_name(device)}; table {table_bytes / 2**30:.2f} GiB pinned, "
+        f"{batch_bytes / 2**20:.0f} MiB per call, {args.rounds} rounds",
+        flush=True,
+    )
+    host, host_view, unpin = pin_table(make_table(table_bytes, args.seed))
+    try:
+        return _run_cuda_configs(args, host, host_view, table_bytes, batch_bytes)
+    finally:
+        torch.cuda.synchronize()
+        unpin()
+
+
+def _run_cuda_configs(
+    args: argparse.Namespace,
+    host: torch.Tensor,
+    host_view: Any,
+    table_bytes: int,
+    batch_bytes: int,
+) -> dict[str, Any]:
+    from numba import cuda
+
+    from pingpong.kernels import gather_rows_cuda
+    from pingpong.kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked
+
+    device = torch.device("cuda")
+    stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+    dev_table_storage = host.to(device)
+    out_storage = torch.empty(batch_bytes, dtype=torch.uint8, device=device)
+    staging = torch.empty(batch_bytes, dtype=torch.uint8).pin_memory()
+    scrub = _common.CacheScrubber()
+    results = []
+    load_samples: list[float] = []
+    other_samples: list[float] = []
+    for n_threads in args.threads:
+        set_threads(n_threads)
+        for dtype_name in args.dtypes:
+            dtype = DTYPES[dtype_name]
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            for order in ("random", "sorted"):
+                for row_bytes in args.row_bytes:
+                    width = row_bytes // itemsize
+                    num_rows = table_bytes // row_bytes
+                    n = batch_bytes // row_bytes
+                    used = num_rows * row_bytes
+                    table_host = host[:used].view(dtype).view(num_rows, width)
+                    table_dev = dev_table_storage[:used].view(dtype).view(num_rows, width)
+                    table_zc = host_view[:used].reshape(num_rows, row_bytes)
+                    out = out_storage[: n * row_bytes].view(dtype).view(n, width)
+                    out_nb = cuda.as_cuda_array(out_storage[: n * row_bytes].view(n, row_bytes))
+                    stage = staging[: n * row_bytes].view(dtype).view(n, width)
+                    seed = _config_seed(args.seed, "cuda", n_threads, dtype_name, order, row_bytes)
+                    ids = make_ids(num_rows, n, order, seed)
+                    ids_dev = ids.to(device)
+                    ids_nb = cuda.as_cuda_array(ids_dev)
+                    start = int(np.random.default_rng(seed).integers(0, num_rows - n + 1))
+                    block = host[start * row_bytes : (start + n) * row_bytes]
+                    out_flat = out_storage[: n * row_bytes]
+
+                    # validated once here; timed calls skip the check, as the loader does
+                    gather_rows_cuda(table_zc, ids_nb, out_nb, stream)
+
+                    def zerocopy(table_zc=table_zc, ids_nb=ids_nb, out_nb=out_nb) -> None:
+                        gather_rows_cuda_unchecked(table_zc, ids_nb, out_nb, stream)
+                        torch.cuda.synchronize()
+
+                    def zerocopy_full(table_zc=table_zc, ids_nb=ids_nb, out_nb=out_nb) -> None:
+                        gather_rows_cuda_unchecked(
+                            table_zc, ids_nb, out_nb, stream, max_blocks=full_grid_blocks()
+                        )
+                        torch.cuda.synchronize()
+
+                    def staged(table_host=table_host, ids=ids, stage=stage, out=out) -> None:
+                        torch.index_select(table_host, 0, ids, out=stage)
+                        out.copy_(stage, non_blocking=True)
+                        torch.cuda.synchronize()
+
+                    def pinned_memcpy(block=block, out_flat=out_flat) -> None:
+                        out_flat.copy_(block, non_blocking=True)
+                        torch.cuda.synchronize()
+
+                    def device_index_select(table_dev=table_dev, ids_dev=ids_dev, out=out) -> None:
+                        torch.index_select(table_dev, 0, ids_dev, out=out)
+                        torch.cuda.synchronize()
+
+                    fns: dict[str, Callable[[], object]] = {
+                        "pingpong zerocopy": zerocopy,
+                        "pingpong zerocopy full grid": zerocopy_full,
+                        "staged": staged,
+                        "pinned memcpy": pinned_memcpy,
+                        "device index_select": device_index_select,
+                    }
+                    expected = table_host[ids].view(torch.uint8)
+                    mismatches = []
+                    for name in (
+                        "pingpong zerocopy",
+                        "pingpong zerocopy full grid",
+                        "staged",
+                        "device index_select",
+                    ):
+                        out_storage.zero_()
+                        fns[name]()
+                        if not torch.equal(out.view(torch.uint8).cpu(), expected):
+                            mismatches.append(name)
+                    if "pingpong zerocopy" in mismatches:
+                        raise SystemExit(
+                            f"pingpong zerocopy gathered wrong bytes ({dtype_name}, {row_bytes} B)"
+                        )
+                    load = _common.load_average()
+                    if load is not None:
+                        load_samples.append(load[0])
+                    other = _common.OtherLoad()
+                    other.start()
+                    samples = _common.alternate(
+                        fns, args.rounds, warmup=2, before_each=scrub, seed=seed
+                    )
+                    other_cores = other.stop()
+                    if other_cores is not None:
+                        other_samples.append(other_cores)
+                    delivered = n * row_bytes
+                    record = {
+                        "threads": n_threads,
+                        "dtype": dtype_name,
+                        "order": order,
+                        "row_bytes": row_bytes,
+                        "rows_per_call": n,
+                        "bytes_per_call": delivered,
+                        "load_1min_before": None if load is None else load[0],
+                        "other_processes_cores": other_cores,
+                        "mismatches": mismatches,
+                        "seconds": samples,
+                        "summary": {k: _common.summarize(v, delivered) for k, v in samples.items()},
+                    }
+                    results.append(record)
+                    print(_progress_line(record, CUDA_CONTENDERS), flush=True)
+    return {
+        "benchmark": "gather",
+        "device": "cuda",
+        "gpu": torch.cuda.get_device_name(device),
+        "command": _common.command_line(),
+        "machine": _common.machine_info(),
+        "settings": {
+            "table_bytes": table_bytes,
+            "batch_bytes": batch_bytes,
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "row_bytes": args.row_bytes,
+            "dtypes": args.dtypes,
+            "seed": args.seed,
+        },
+        "load_1min": _load_stats(load_samples),
+        "other_processes_cores": _spread(other_samples),
+        "results": results,
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _ratio(record: dict[str, Any], name: str, base: str) -> float | None:
+    s = record["summary"]
+    if name not in s or base not in s:
+        return None
+    return s[name]["median_gbps"] / s[base]["median_gbps"]
+
+
+def goal_check(report: dict[str, Any]) -> dict[str, Any] | None:
+    """The brief's CPU goals for rows >= GOAL_MIN_ROW_BYTES; None for CUDA runs."""
+    if report["device"] != "cpu":
+        return None
+    rows = [r for r in report["results"] if r["row_bytes"] >= GOAL_MIN_ROW_BYTES]
+    if not rows:
+        return None
+    vs_is = [_ratio(r, "pingpong", "index_select") for r in rows]
+    vs_mc = [_ratio(r, "pingpong", "memcpy") for r in rows]
+    return {
+        "configs": len(rows),
+        "vs_index_select_goal": GOAL_VS_INDEX_SELECT,
+        "vs_index_select_met": sum(v is not None and v >= GOAL_VS_INDEX_SELECT for v in vs_is),
+        "vs_index_select_min": min(v for v in vs_is if v is not None),
+        "vs_index_select_median": float(np.median([v for v in vs_is if v is not None])),
+        "vs_memcpy_goal": GOAL_VS_MEMCPY,
+        "vs_memcpy_met": sum(v is not None and v >= GOAL_VS_MEMCPY for v in vs_mc),
+        "vs_memcpy_min": min(v for v in vs_mc if v is not None),
+        "vs_memcpy_median": float(np.median([v for v in vs_mc if v is not None])),
+    }
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    cpu = report["device"] == "cpu"
+    names = CPU_CONTENDERS if cpu else CUDA_CONTENDERS
+    ours, base, ceiling = (
+        ("pingpong", "index_select", "memcpy")
+        if cpu
+        else ("pingpong zerocopy", "staged", "pinned memcpy")
+    )
+    s = report["settings"]
+    load = report.get("load_1min")
+    lines = [
+        f"# Gather throughput ({report['device'].upper()})",
+        "",
+        "Command (from the repository root):",
+        "",
+        "```",
+        report["command"],
+        "```",
+        "",
+        "Machine: " + _common.describe_machine(report["machine"]),
+    ]
+    if not cpu:
+        lines.append(f"GPU: {report['gpu']}.")
+    if cpu:
+        lines.append(f"Numba threading layer: {report['numba_threading_layer']}.")
+    if load:
+        lines.append(
+            f"Machine load while measuring (1-minute load average, sampled before each "
+            f"configuration): min {load['min']:.2f}, median {load['median']:.2f}, "
+            f"max {load['max']:.2f} on {report['machine']['logical_cores']} cores "
+            "(the benchmark itself contributes up to N)."
+        )
+    other = report.get("other_processes_cores")
+    if other:
+        lines.append(
+            "CPU used by other processes while timing (cores' worth, per configuration): "
+            f"min {other['min']:.2f}, median {other['median']:.2f}, max {other['max']:.2f}"
+            " (the `other` column below)."
+        )
+    if s.get("wait_quiet_s"):
+        lines.append(
+            f"Before each configuration the script waited up to {s['wait_quiet_s']:.0f} s "
+            "for other processes to use less than 0.25 cores."
+        )
+    lines += [
+        "",
+        f"Table {s['table_bytes'] / 2**30:.2f} GiB; {s['batch_bytes'] / 2**20:.0f} MiB of rows "
+        f"delivered per timed call; {s['rounds']} rounds, contenders in a shuffled order each "
+        "round, CPU caches scrubbed before every timed call; "
+        "numbers are medians in GB/s of rows delivered (rows x row bytes / time). "
+        f"Ratios are `{ours}` / `{base}` and `{ours}` / `{ceiling}`.",
+    ]
+    goals = goal_check(report)
+    if goals:
+        lines += [
+            "",
+            f"## Goals (rows >= {GOAL_MIN_ROW_BYTES} B, {goals['configs']} configurations)",
+            "",
+            _common.markdown_table(
+                ["goal", "met in", "median ratio", "worst ratio"],
+                [
+                    [
+                        f"pingpong >= {GOAL_VS_INDEX_SELECT:.2f} x index_select",
+                        f"{goals['vs_index_select_met']} / {goals['configs']}",
+                        goals["vs_index_select_median"],
+                        goals["vs_index_select_min"],
+                    ],
+                    [
+                        f"pingpong >= {GOAL_VS_MEMCPY:.2f} x memcpy",
+                        f"{goals['vs_memcpy_met']} / {goals['configs']}",
+                        goals["vs_memcpy_median"],
+                        goals["vs_memcpy_min"],
+                    ],
+                ],
+            ),
+        ]
+    headline = render_headline(report)
+    if headline:
+        lines += ["", "## Headline", "", HEADLINE_BEGIN, headline, HEADLINE_END]
+    mism = [r for r in report["results"] if r["mismatches"]]
+    if mism:
+        lines += [
+            "",
+            "Contenders whose output differed from `table[ids]`: "
+            + "; ".join(
+                f"{', '.join(r['mismatches'])} ({r['dtype']}, {r['row_bytes']} B)" for r in mism
+            ),
+        ]
+    for n_threads in s["threads"]:
+        headers = ["dtype", "ids", "row B", *names, f"/{base}", f"/{ceiling}", "other"]
+        rows = []
+        for r in report["results"]:
+            if r["threads"] != n_threads:
+                continue
+            rows.append(
+                [
+                    r["dtype"],
+                    r["order"],
+                    r["row_bytes"],
+                    *(r["summary"][name]["median_gbps"] for name in names),
+                    _ratio(r, ours, base),
+                    _ratio(r, ours, ceiling),
+                    _fmt_other(r.get("other_processes_cores")),
+                ]
+            )
+        lines += [
+            "",
+            f"## N = {n_threads} thread{'s' if n_threads > 1 else ''}",
+            "",
+            _common.markdown_table(headers, rows),
+        ]
+    return "\n".join(lines)
+
+
+def _fmt_other(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
+
+
+#: Markers around the headline table, so docs can include just that table.
+HEADLINE_BEGIN = "<!-- headline-begin -->"
+HEADLINE_END = "<!-- headline-end -->"
+HEADLINE_ROW_BYTES = (256, 512, 4096)
+
+
+def render_headline(report: dict[str, Any]) -> str | None:
+    """float32 rows of 256 B, 512 B and 4 KB: ours vs the baseline and the ceiling."""
+    cpu = report["device"] == "cpu"
+    ours, base, ceiling = (
+        ("pingpong", "index_select", "memcpy")
+        if cpu
+        else ("pingpong zerocopy", "staged", "pinned memcpy")
+    )
+    dtype = "float32"
+    rows = [
+        [
+            r["threads"],
+            r["order"],
+            r["row_bytes"],
+            r["summary"][ours]["median_gbps"],
+            r["summary"][base]["median_gbps"],
+            r["summary"][ceiling]["median_gbps"],
+            _ratio(r, ours, base),
+            _ratio(r, ours, ceiling),
+            _fmt_other(r.get("other_processes_cores")),
+        ]
+        for r in report["results"]
+        if r["dtype"] == dtype and r["row_bytes"] in HEADLINE_ROW_BYTES
+    ]
+    if not rows:
+        return None
+    headers = ["N", "ids", "row B", ours, base, ceiling, f"/{base}", f"/{ceiling}", "other"]
+    return _common.markdown_table(headers, rows)
+
+
+def render_plot(report: dict[str, Any], path: Path) -> Path | None:
+    cpu = report["device"] == "cpu"
+    names = CPU_CONTENDERS if cpu else CUDA_CONTENDERS
+    dtype = (
+        "float32" if "float32" in report["settings"]["dtypes"] else report["settings"]["dtypes"][0]
+    )
+    panels: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for r in report["results"]:
+        if r["dtype"] != dtype:
+            continue
+        panel = f"N={r['threads']}, {r['order']} ids, {dtype}"
+        series = panels.setdefault(panel, {name: [] for name in names})
+        for name in names:
+            series[name].append((r["row_bytes"], r["summary"][name]["median_gbps"]))
+    title = f"Gather throughput ({report['device']}): median GB/s of rows delivered"
+    return _common.plot_lines(path, panels, "row bytes", "GB/s", title)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device == "cuda" and args.from_json is None:
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            print(f"gather.py: --device cuda needs a CUDA GPU: {reason}", file=sys.stderr)
+            return 2
+    if args.from_json is not None:
+        report = json.loads(args.from_json.read_text())
+        if args.out is None:
+            args.out = args.from_json.parent
+        args.name = args.from_json.stem
+        return write_outputs(report, args)
+    t0 = time.perf_counter()
+    report = run_cpu(args) if args.device == "cpu" else run_cuda(args)
+    report["elapsed_s"] = time.perf_counter() - t0
+    return write_outputs(report, args)
+
+
+def write_outputs(report: dict[str, Any], args: argparse.Namespace) -> int:
+    goals = goal_check(report)
+    if goals is not None:
+        report["goals"] = goals
+    markdown = render_markdown(report)
+    if args.out is not None:
+        written = [
+            _common.write_json(args.out / f"{args.name}.json", report),
+            _common.write_markdown(args.out / f"{args.name}.md", markdown),
+        ]
+        png = render_plot(report, args.out / f"{args.name}.png")
+        if png is not None:
+            written.append(png)
+        print("# wrote " + ", ".join(str(p) for p in written))
+    else:
+        print(markdown)
+    print(f"# {report['elapsed_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
