@@ -4,27 +4,27 @@ Every pingpong exception derives from :class:`PingPongError` *and* from the
 built-in exception a user would catch for that problem, so ``except IndexError``
 works for out-of-range ids and ``except ValueError`` for a bad table:
 
-=============================  =============================================
-exception                      raised when
-=============================  =============================================
-:class:`IdRangeError`          an id is negative or ``>= N`` (``IndexError``)
-:class:`IdTypeError`           ids are not int32/int64, or not 1-D
-                               (``TypeError``; the shape case is also a
-                               ``ValueError``)
-:class:`TableError`            a feature or label table cannot be used: not
-                               a tensor, 0-D, not on the host, not
-                               contiguous, empty, mismatched lengths
-                               (``ValueError`` and ``TypeError``)
-:class:`ConfigError`           a loader argument is invalid (``ValueError``)
-:class:`GatherModeUnavailable` the requested gather mode cannot run on this
-                               device or build (``ValueError``)
-:class:`BatchTimeoutError`     no batch arrived within ``timeout`` seconds
-                               (``TimeoutError``)
-:class:`ProducerDiedError`     the producer thread ended without delivering
-                               an end-of-epoch marker or an exception
-                               (``RuntimeError``)
-:class:`LoaderClosedError`     a closed loader was iterated (``RuntimeError``)
-=============================  =============================================
+=================================  =============================================
+exception                          raised when
+=================================  =============================================
+:class:`IdRangeError`              an id is negative or ``>= N`` (``IndexError``)
+:class:`IdTypeError`               ids are not int32/int64, or not 1-D
+                                   (``TypeError``; the shape case is also a
+                                   ``ValueError``)
+:class:`TableError`                a feature or label table cannot be used: not
+                                   a tensor, 0-D, not on the host, not
+                                   contiguous, empty, mismatched lengths
+                                   (``ValueError`` and ``TypeError``)
+:class:`ConfigError`               a loader argument is invalid (``ValueError``)
+:class:`GatherModeUnavailable`     the requested gather mode cannot run on this
+                                   device or build (``ValueError``)
+:class:`BatchTimeoutError`         no batch arrived within ``timeout`` seconds
+                                   (``TimeoutError``)
+:class:`ProducerDiedError`         the producer thread ended without delivering
+                                   an end-of-epoch marker or an exception
+                                   (``RuntimeError``)
+:class:`LoaderClosedError`         a closed loader was iterated (``RuntimeError``)
+=================================  =============================================
 
 Exceptions raised by the *source* (the sampler) or inside the producer thread
 are not wrapped: the consumer re-raises the original exception object, whose

@@ -3,30 +3,30 @@
 The producer and the consumer each add to their own counters under one lock;
 :meth:`LoaderStats.snapshot` returns a plain dict.  Keys:
 
-===================  ===========================================================
-key                  meaning
-===================  ===========================================================
-``epochs``           epochs started
-``batches``          batches delivered to the training loop
-``rows_gathered``    feature rows gathered (all tables count once per node)
-``bytes_gathered``   feature + label bytes written into slots
-``sample_s``         producer time spent waiting for the source (sampling)
-``validate_s``       producer time spent checking ids
-``gather_s``         producer time spent issuing gathers and block transfers
-                     (on the CPU: doing them)
-``producer_busy_s``  ``sample_s + validate_s + gather_s``
-``consumer_stall_s`` time the training loop waited inside ``next()``
-``overlap_ratio``    share of the producer's work hidden behind training:
-                     ``1 - consumer_stall_s / producer_busy_s`` (clamped to
-                     [0, 1]); 1.0 means the loop never waited for data
-``gather_gbps``      ``bytes_gathered / gather_s / 1e9`` (CPU: achieved gather
-                     bandwidth; CUDA: issue rate, not bandwidth)
-``slot_bytes``       device memory held by all slots now
-``slot_grows``       how many times a slot buffer was (re)allocated
-``wall_s``           seconds since the loader was created
-``process_cpu_s``    CPU seconds the whole process used since then (psutil)
-``rss_bytes``        the process's resident memory now (psutil)
-===================  ===========================================================
+====================  ==========================================================
+key                   meaning
+====================  ==========================================================
+``epochs``            epochs started
+``batches``           batches delivered to the training loop
+``rows_gathered``     feature rows gathered (all tables count once per node)
+``bytes_gathered``    feature + label bytes written into slots
+``sample_s``          producer time spent waiting for the source (sampling)
+``validate_s``        producer time spent checking ids
+``gather_s``          producer time spent issuing gathers and block transfers
+                      (on the CPU: doing them)
+``producer_busy_s``   ``sample_s + validate_s + gather_s``
+``consumer_stall_s``  time the training loop waited inside ``next()``
+``overlap_ratio``     share of the producer's work hidden behind training:
+                      ``1 - consumer_stall_s / producer_busy_s`` (clamped to
+                      [0, 1]); 1.0 means the loop never waited for data
+``gather_gbps``       ``bytes_gathered / gather_s / 1e9`` (CPU: achieved gather
+                      bandwidth; CUDA: issue rate, not bandwidth)
+``slot_bytes``        device memory held by all slots now
+``slot_grows``        how many times a slot buffer was (re)allocated
+``wall_s``            seconds since the loader was created
+``process_cpu_s``     CPU seconds the whole process used since then (psutil)
+``rss_bytes``         the process's resident memory now (psutil)
+====================  ==========================================================
 """
 
 from __future__ import annotations
