@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "index_select gather (the A/B baseline)")
     p.add_argument("--gather", choices=["auto", "cpu", "zerocopy", "staged", "device"],
                    default="auto", help="pingpong gather mode")
+    p.add_argument("--sort-ids", action="store_true",
+                   help="zerocopy: gather rows in ascending id order (host locality)")
     p.add_argument("--num-buffers", type=positive_int, default=2)
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--batch-size", type=positive_int, default=1024)
@@ -296,7 +298,8 @@ def make_loader(source: Iterable[Any], data: Dataset, args: argparse.Namespace,
     if not hasattr(pingpong, "PingPongLoader"):
         raise RuntimeError("pingpong.PingPongLoader is not available in this checkout")
     return pingpong.PingPongLoader(source, data.features, data.labels, device=str(device),
-                                   num_buffers=args.num_buffers, gather=args.gather)
+                                   num_buffers=args.num_buffers, gather=args.gather,
+                                   sort_ids=args.sort_ids)
 
 
 # --------------------------------------------------------------------------- training

@@ -19,6 +19,7 @@ from .errors import (
     LoaderClosedError,
     PingPongError,
     ProducerDiedError,
+    SlotOverwriteError,
     TableError,
 )
 from .loader import PingPongLoader
@@ -38,6 +39,7 @@ __all__ = [
     "PingPongError",
     "PingPongLoader",
     "ProducerDiedError",
+    "SlotOverwriteError",
     "TableError",
     "__version__",
     "as_edge_block",

@@ -22,7 +22,7 @@ from typing import Any
 from ._producer import Delivery, EndOfEpoch, Failure, produce
 from .batch import Batch
 from .devices.base import Device
-from .errors import BatchTimeoutError, ProducerDiedError
+from .errors import BatchTimeoutError, ProducerDiedError, SlotOverwriteError
 from .slots import Slot
 from .stats import LoaderStats
 from .store import FeatureStore
@@ -38,6 +38,10 @@ ERROR_JOIN_TIMEOUT_S = 0.1
 
 _live_epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
 _epoch_ids = itertools.count()
+#: Set by the exit hook: from then on, joins are short (a daemon producer stuck
+#: in the source writes nothing more, and waiting for it only delays exit).
+_exiting = False
+_exit_hook_registered = False
 
 
 class Epoch:
@@ -58,8 +62,12 @@ class Epoch:
         stats: LoaderStats,
         timeout: float | None,
         name: str,
+        *,
+        debug: bool = False,
     ) -> None:
         self.device = device
+        self.debug = debug
+        self.held_generation = 0
         self.stats = stats
         self.timeout = timeout
         self.free_q: queue.Queue[Slot] = queue.Queue()
@@ -89,6 +97,7 @@ class Epoch:
             daemon=True,
         )
         _live_epochs.add(self)
+        _register_exit_hook()
         stats.add(epochs=1)
         self.thread.start()
 
@@ -98,6 +107,8 @@ class Epoch:
         if self.finished:
             raise StopIteration
         try:
+            if self.debug and self.held is not None:
+                self._check_held("while the training loop held it")
             self._release_held()
             message = self._wait_for_message()
         except BaseException:
@@ -108,6 +119,9 @@ class Epoch:
         if isinstance(message, Delivery):
             self.device.consumer_wait(message.ready_event)
             self.held = message.slot
+            if self.debug:
+                self.held_generation = message.generation
+                self._check_held("between its hand-off and its delivery")
             self.delivered += 1
             self.stats.add(batches=1)
             return Batch(
@@ -117,6 +131,18 @@ class Epoch:
         if isinstance(message, Failure):
             raise message.exc
         raise StopIteration
+
+    def _check_held(self, when: str) -> None:
+        slot = self.held
+        if slot is not None and slot.generation != self.held_generation:
+            self.held = None  # it is not ours any more: do not release it again
+            self.close(join_timeout=ERROR_JOIN_TIMEOUT_S)
+            raise SlotOverwriteError(
+                f"slot {slot.index} was refilled {when} (generation "
+                f"{self.held_generation} -> {slot.generation}, after {self.delivered} "
+                "batches this epoch): the slot protocol is broken and batch data "
+                "may be corrupt"
+            )
 
     def _release_held(self) -> None:
         if self.held is not None:
@@ -176,17 +202,33 @@ class Epoch:
         if self.held is not None:
             self.held.release_event = self.device.consumer_record()
             self.held = None
-        self.thread.join(join_timeout)
+        self.join_producer(join_timeout)
+        _drain(self.ready_q)
+        _drain(self.free_q)
+
+    def join_producer(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Wait up to ``timeout`` s for the (stopped) producer thread to exit.
+
+        The loader calls this before it starts the next epoch even when this
+        one was closed after a timeout or Ctrl-C with a short join: a producer
+        still blocked inside the source would otherwise call ``next()`` on it
+        concurrently with the new epoch's producer, and a source whose
+        ``iter()`` resets one shared iterator (e.g. persistent workers) would
+        hand it an item meant for the new epoch (torchdata #1482).
+        """
+        if threading.current_thread() is self.thread:
+            return
+        if _exiting:
+            timeout = min(timeout, ERROR_JOIN_TIMEOUT_S)
+        self.thread.join(timeout)
         if self.thread.is_alive():
-            log = logger.warning if join_timeout >= JOIN_TIMEOUT_S else logger.debug
+            log = logger.warning if timeout >= JOIN_TIMEOUT_S else logger.debug
             log(
                 "%s is still blocked inside the source after %.1f s; it will write "
                 "nothing more and exits when the source returns",
                 self.thread.name,
-                join_timeout,
+                timeout,
             )
-        _drain(self.ready_q)
-        _drain(self.free_q)
 
 
 def _drain(q: queue.Queue[Any]) -> None:
@@ -225,12 +267,31 @@ class EpochIterator(Iterator[Batch]):
             epoch.request_stop()
 
 
-@atexit.register
+def _register_exit_hook() -> None:
+    """Register :func:`_stop_all_epochs` once, at the first epoch.
+
+    Registered lazily so that it runs *before* the loaders' ``weakref.finalize``
+    exit hook (``atexit`` runs hooks last-registered first), and those
+    finalisers then see ``_exiting`` and do not wait long.
+    """
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        _exit_hook_registered = True
+        atexit.register(_stop_all_epochs)
+
+
 def _stop_all_epochs() -> None:
-    """At interpreter exit, stop every producer before daemon threads are frozen."""
+    """At interpreter exit, stop every producer before daemon threads are frozen.
+
+    A producer inside a gather finishes it and exits (0.5 s in all at most);
+    one blocked inside the source is left behind: it writes nothing more.
+    """
+    global _exiting
+    _exiting = True
     epochs = list(_live_epochs)
     for epoch in epochs:
         epoch.request_stop()
+    deadline = time.monotonic() + 0.5
     for epoch in epochs:
         if epoch.thread.is_alive() and epoch.thread is not threading.current_thread():
-            epoch.thread.join(0.5)
+            epoch.thread.join(max(0.0, deadline - time.monotonic()))

@@ -27,9 +27,14 @@ from .store import FeatureStore
 
 @dataclass(frozen=True)
 class Delivery:
-    """A filled slot and the batch fields that point into it."""
+    """A filled slot and the batch fields that point into it.
+
+    ``generation`` is ``slot.generation`` right after this fill (see the
+    loader's ``debug`` option).
+    """
 
     seq: int
+    generation: int
     slot: Slot
     ready_event: Event
     input_nodes: Any
@@ -173,4 +178,6 @@ def _fill(
     moved_out = device.move_ids(output_nodes)
     ready_event = device.record()
     x = xs if store.is_dict else xs[None]
-    return Delivery(seq, slot, ready_event, moved_in, moved_out, moved_blocks, x, y)
+    return Delivery(
+        seq, slot.generation, slot, ready_event, moved_in, moved_out, moved_blocks, x, y
+    )

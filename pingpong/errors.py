@@ -24,6 +24,8 @@ exception                          raised when
                                    an end-of-epoch marker or an exception
                                    (``RuntimeError``)
 :class:`LoaderClosedError`         a closed loader was iterated (``RuntimeError``)
+:class:`SlotOverwriteError`        ``debug=True`` only: a slot was refilled while
+                                   the training loop held it (``RuntimeError``)
 =================================  =============================================
 
 Exceptions raised by the *source* (the sampler) or inside the producer thread
@@ -73,3 +75,8 @@ class ProducerDiedError(PingPongError, RuntimeError):
 
 class LoaderClosedError(PingPongError, RuntimeError):
     """The loader was used after :meth:`PingPongLoader.close`."""
+
+
+class SlotOverwriteError(PingPongError, RuntimeError):
+    """Debug check (``PingPongLoader(debug=True)``): a slot was refilled while the
+    training loop still held the batch in it -- a broken slot protocol."""

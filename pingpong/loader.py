@@ -29,10 +29,12 @@ class _EpochHolder:
     def __init__(self) -> None:
         self.epoch: Epoch | None = None
 
-    def end(self) -> None:
+    def end(self, before_new_epoch: bool = False) -> None:
         epoch, self.epoch = self.epoch, None
         if epoch is not None:
             epoch.close()
+            if before_new_epoch and epoch.thread.is_alive():
+                epoch.join_producer()  # it may have been closed with a short join
 
 
 def _shutdown(holder: _EpochHolder, device: Device) -> None:
@@ -54,7 +56,10 @@ class PingPongLoader(Iterable[Batch]):
         features: a host tensor ``(N, ...)`` or a dict of such tensors (then
             ``batch.x`` is a dict with the same keys).  Used in place, never copied.
         labels: ``None`` or a host tensor with first dimension ``N``.
-        device: where batches are delivered: ``"cpu"`` or ``"cuda[:k]"``.
+        device: where batches are delivered: ``"cpu"`` or ``"cuda[:k]"``, or a
+            :class:`~pingpong.devices.Device` instance (such as the tests'
+            :class:`~pingpong.devices.fake.FakeAsyncDevice`), which the loader
+            then owns: ``close()`` closes it.
         num_buffers: number of slots (>= 2).  The producer runs at most
             ``num_buffers - 1`` batches ahead of the training loop.
         gather: ``"auto" | "cpu" | "zerocopy" | "staged" | "device"``; ``auto`` is
@@ -65,6 +70,13 @@ class PingPongLoader(Iterable[Batch]):
         gather_threads: Numba threads the CPU gather uses in the producer thread
             (default: half the cores).  The training loop's torch threads are
             not changed; see the tuning guide.
+        sort_ids: ``zerocopy`` only: gather each batch's rows in ascending id
+            order (the output order is unchanged) so the GPU reads host memory
+            with more locality; the sort runs in the producer thread.
+        debug: check the slot protocol at every ``next()``: the slot holding
+            the previous batch must not have been refilled while the training
+            loop held it (``SlotOverwriteError`` if it was).  Off by default;
+            costs two integer compares per batch when on.
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -80,11 +92,13 @@ class PingPongLoader(Iterable[Batch]):
         features: torch.Tensor | Mapping[str, torch.Tensor],
         labels: torch.Tensor | None = None,
         *,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | Device = "cpu",
         num_buffers: int = 2,
         gather: str = "auto",
         timeout: float | None = None,
         gather_threads: int | None = None,
+        sort_ids: bool = False,
+        debug: bool = False,
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
@@ -104,11 +118,18 @@ class PingPongLoader(Iterable[Batch]):
             )
         self._source = source
         self._store: FeatureStore = make_feature_store(features, labels)
-        self._device: Device = make_device(device, gather, gather_threads)
-        self._device.attach(self._store)
-        self._slots: list[Slot] = make_slots(self._store, num_buffers, self._device.initial_event)
+        self._device: Device = make_device(device, gather, gather_threads, sort_ids)
+        try:
+            self._device.attach(self._store)
+            self._slots: list[Slot] = make_slots(
+                self._store, num_buffers, self._device.initial_event
+            )
+        except BaseException:
+            self._device.close()  # no finaliser exists yet to release it
+            raise
         self._stats = LoaderStats()
         self._timeout = None if timeout is None else float(timeout)
+        self._debug = bool(debug)
         self._name = str(next(_loader_ids))
         self._holder = _EpochHolder()
         self._closed = False
@@ -119,7 +140,7 @@ class PingPongLoader(Iterable[Batch]):
         """Start a new epoch (ending the previous one first, if it still runs)."""
         if self._closed:
             raise LoaderClosedError("this PingPongLoader is closed")
-        self._holder.end()
+        self._holder.end(before_new_epoch=True)
         epoch = Epoch(
             self._source,
             self._store,
@@ -128,6 +149,7 @@ class PingPongLoader(Iterable[Batch]):
             self._stats,
             self._timeout,
             self._name,
+            debug=self._debug,
         )
         self._holder.epoch = epoch
         return EpochIterator(epoch)

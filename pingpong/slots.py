@@ -26,6 +26,7 @@ ROW_GRANULE = 256
 #: Growth headroom: a slot that must grow gets this factor more rows than needed.
 GROWTH = 1.25
 
+
 Allocator = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 
 
@@ -74,7 +75,7 @@ class Slot:
     x: dict[str | None, Buffer]
     y: Buffer | None
     release_event: Any
-    #: Incremented each time the producer refills the slot (debug aid).
+    #: Incremented each time the producer refills the slot (the ``debug`` check).
     generation: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -1,0 +1,112 @@
+"""Child process: leave the interpreter while a loader is still running.
+
+Usage: ``python exit_with_live_iterator.py SCENARIO``; prints ``EXITING``
+right before leaving, and ``LAST_HOOK_AFTER <seconds>`` from the last exit
+hook (pingpong's own shutdown work lies between the two).  Scenarios:
+
+- ``stalled-source``: the producer is blocked inside a hung source;
+- ``waiting-for-slot``: the training loop holds a batch, the producer waits
+  for a free slot;
+- ``mid-gather``: big batches, so the producer is inside a parallel Numba
+  gather when the main thread returns (the loader is garbage-collected then);
+- ``fake-device``: the fake device's streams still have delayed work queued;
+- ``sys-exit``: ``sys.exit(3)`` inside the training loop;
+- ``exception``: an uncaught exception inside the training loop.
+
+Except for ``mid-gather``, the loader and iterator are kept in a module
+global, as in a script, so they are still alive when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import time
+
+_marked: list[float] = []
+
+
+@atexit.register  # registered first, so it runs after every other exit hook
+def _report() -> None:
+    if _marked:
+        print(f"LAST_HOOK_AFTER {time.monotonic() - _marked[0]:.3f}", flush=True)
+
+
+def mark_exiting() -> None:
+    _marked.append(time.monotonic())
+    print("EXITING", flush=True)
+
+
+import torch  # noqa: E402 - after the hook above, on purpose
+
+from pingpong import PingPongLoader  # noqa: E402
+from pingpong.devices.fake import FakeAsyncDevice  # noqa: E402
+
+N = 20_000
+
+
+def small_batches(n: int = 50) -> list:
+    gen = torch.Generator().manual_seed(0)
+    return [
+        (
+            torch.randint(0, N, (256,), generator=gen),
+            torch.randint(0, N, (64,), generator=gen),
+            None,
+        )
+        for _ in range(n)
+    ]
+
+
+class Stalled:
+    def __iter__(self):
+        yield (torch.arange(10), torch.arange(4), None)
+        threading.Event().wait()
+
+
+_alive: list = []
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    features = torch.randn(N, 16)
+    labels = torch.arange(N)
+    if scenario == "stalled-source":
+        loader = PingPongLoader(Stalled(), features, labels)
+        it = iter(loader)
+        next(it)
+    elif scenario == "waiting-for-slot":
+        loader = PingPongLoader(small_batches(), features, labels)
+        it = iter(loader)
+        next(it)
+    elif scenario == "mid-gather":
+        big = torch.randn(N, 256)
+        gen = torch.Generator().manual_seed(1)
+        source = [(torch.randint(0, N, (200_000,), generator=gen), torch.arange(8), None)] * 20
+        loader = PingPongLoader(source, big, labels, num_buffers=3)
+        it = iter(loader)
+        next(it)  # one slot held; the producer gathers the next ones now
+    elif scenario == "fake-device":
+        device = FakeAsyncDevice(seed=0, max_delay_s=0.05)
+        loader = PingPongLoader(small_batches(), features, labels, device=device)
+        it = iter(loader)
+        for _ in range(3):
+            batch = next(it)
+            device.consumer_submit(lambda b=batch: b.x.sum())
+    elif scenario in ("sys-exit", "exception"):
+        loader = PingPongLoader(small_batches(), features, labels)
+        for i, _batch in enumerate(loader):
+            if i == 2:
+                mark_exiting()
+                if scenario == "sys-exit":
+                    sys.exit(3)
+                raise RuntimeError("the training loop failed")
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    if scenario != "mid-gather":
+        _alive.append((loader, it))
+    mark_exiting()
+
+
+if __name__ == "__main__":
+    main()

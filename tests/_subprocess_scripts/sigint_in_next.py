@@ -1,0 +1,47 @@
+"""Child process: block in ``next()`` on a stalled source, wait for SIGINT.
+
+Usage: ``python sigint_in_next.py {catch|uncaught} {cpu|fake}``.
+Prints ``READY`` just before blocking; with ``catch`` it prints
+``INTERRUPTED`` after the KeyboardInterrupt and exits normally, leaving the
+producer stuck inside the source (interpreter exit must still be clean).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import torch
+
+from pingpong import PingPongLoader
+from pingpong.devices.fake import FakeAsyncDevice
+
+N = 100
+
+
+class Stalled:
+    """One batch, then blocks forever (a hung sampler)."""
+
+    def __iter__(self):
+        yield (torch.arange(10), torch.arange(4), None)
+        threading.Event().wait()
+
+
+def main() -> None:
+    mode, device_kind = sys.argv[1], sys.argv[2]
+    device = FakeAsyncDevice(seed=0) if device_kind == "fake" else "cpu"
+    loader = PingPongLoader(Stalled(), torch.randn(N, 4), torch.arange(N), device=device)
+    it = iter(loader)
+    next(it)
+    print("READY", flush=True)
+    if mode == "catch":
+        try:
+            next(it)
+        except KeyboardInterrupt:
+            print("INTERRUPTED", flush=True)
+        return
+    next(it)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,581 @@
+"""Reliability checklist items 5-10: early exit, failures, stalls, Ctrl-C/exit, re-iteration."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import wait_for_no_pingpong_threads
+from test_reliability import (
+    Expected,
+    SeqSource,
+    Verifier,
+    fake,
+    make_table,
+    seq_triples,
+)
+
+import pingpong
+import pingpong._epoch as epoch_module
+import pingpong.devices.cpu as cpu_device_module
+from pingpong import PingPongLoader
+
+N = 400
+SCRIPTS = Path(__file__).parent / "_subprocess_scripts"
+
+
+def producer_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("pingpong-producer")]
+
+
+def wait_until(predicate: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return bool(predicate())
+
+
+def make_device(kind: str, seed: int = 0) -> Any:
+    return fake(seed=seed, max_delay_s=0.002) if kind == "fake" else "cpu"
+
+
+# -- 5. early exit -----------------------------------------------------------------
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("keep_reference", [False, True], ids=["no-ref", "held-ref"])
+@pytest.mark.parametrize("how", ["break", "close", "del"])
+def test_early_exit(how, keep_reference, device_kind):
+    """The producer exits within 2 s of the exit becoming known; a new epoch is clean.
+
+    With a held reference after ``break`` (or ``del`` of one of two
+    references) nothing tells the loader the epoch is over: the producer then
+    parks on the free queue (no CPU, no run-ahead) until the next ``iter()``
+    or ``close()``, which must stop it within 2 s.
+    """
+    triples = seq_triples(N, 30)
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    baseline = threading.active_count()
+    device = make_device(device_kind, seed=3)
+    loader = PingPongLoader(SeqSource(triples, shuffle=False), features, labels, device=device)
+    after_create = threading.active_count()
+    with loader:
+        it = iter(loader)
+        alias = it if keep_reference else None
+        for i, _batch in enumerate(it):
+            if i == 3:
+                break
+        (producer,) = producer_threads()
+        start = time.monotonic()
+        if how == "close":
+            it.close()
+            assert not producer.is_alive()  # close() joins
+            with pytest.raises(StopIteration):
+                next(it)
+        if how in ("break", "del"):
+            del it
+            gc.collect()
+        if keep_reference and how != "close":
+            time.sleep(0.2)
+            assert producer.is_alive()  # parked: the iterator may still be used
+            assert loader.stats["batches"] == 4
+            start = time.monotonic()
+            verifier = Verifier(loader._device, Expected(features, labels, triples))
+            for batch in loader:  # a new epoch ends the old one
+                verifier.submit(batch)
+            assert not producer.is_alive()
+            with pytest.raises(StopIteration):
+                next(alias)
+        else:
+            assert wait_until(lambda: not producer.is_alive(), 2.0)
+            verifier = Verifier(loader._device, Expected(features, labels, triples))
+            for batch in loader:
+                verifier.submit(batch)
+        assert time.monotonic() - start < 2.0 + 1.0  # exit + one 30-batch epoch
+        verifier.resolve()
+        assert (verifier.checked, verifier.corrupted) == (30, 0)
+        assert wait_until(lambda: threading.active_count() == after_create, 2.0)
+    assert wait_until(lambda: threading.active_count() == baseline, 2.0)
+
+
+def test_dropping_an_iterator_in_a_reference_cycle():
+    """A cycle delays ``__del__`` until the garbage collector runs; then it stops."""
+    with PingPongLoader(seq_triples(N, 30), make_table()) as loader:
+        holder: dict[str, Any] = {}
+        holder["it"] = iter(loader)
+        holder["self"] = holder
+        next(holder["it"])
+        (producer,) = producer_threads()
+        del holder
+        gc.collect()
+        assert wait_until(lambda: not producer.is_alive(), 2.0)
+
+
+# -- 6. producer failure ----------------------------------------------------------
+class InjectedFault(Exception):
+    """A custom exception type (with a non-message constructor) from a producer stage."""
+
+    def __init__(self, stage: str, at: int) -> None:
+        super().__init__(f"{stage} failed at batch {at}")
+        self.stage = stage
+        self.at = at
+
+
+class InjectedBaseFault(BaseException):
+    """Not an ``Exception``: must cross the thread too."""
+
+
+STAGES = ["sampler", "validation", "gather", "transfer", "ready-event", "sampler-base"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("stage", STAGES)
+def test_producer_failure_at_a_random_batch(stage, seed):
+    fail_at = random.Random(f"{stage}{seed}").randrange(0, 12)
+    triples = seq_triples(N, 12)
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    device = fake(seed=seed, max_delay_s=0.002)
+    source = SeqSource(triples, shuffle=False)
+    fault_times = source.fail_times
+    raised: list[BaseException] = []
+
+    def make_fault() -> BaseException:
+        exc: BaseException = (
+            InjectedBaseFault(stage) if stage == "sampler-base" else InjectedFault(stage, fail_at)
+        )
+        raised.append(exc)
+        return exc
+
+    expected = Expected(features, labels, triples)
+    expected_type: type[BaseException] = InjectedFault
+    if stage in ("sampler", "sampler-base"):
+        source.fail[0] = (fail_at, make_fault)
+        expected_type = InjectedBaseFault if stage == "sampler-base" else InjectedFault
+    elif stage == "validation":
+        bad = triples[fail_at]
+        triples[fail_at] = (torch.tensor([0, N + 7]), bad[1], bad[2])
+        expected_type = pingpong.IdRangeError
+        yielded = source._run
+
+        def timed_run(epoch, perm):  # record when the bad item leaves the source
+            for item in yielded(epoch, perm):
+                if item is triples[fail_at]:
+                    fault_times.append(time.monotonic())
+                yield item
+
+        source._run = timed_run  # type: ignore[method-assign]
+    else:
+        method = {"gather": "gather", "transfer": "move_blocks", "ready-event": "record"}[stage]
+        # gather is called twice per batch (features, labels)
+        device.inject_fault(method, fail_at * (2 if method == "gather" else 1) + 1, make_fault)
+        fault_times = device.fault_times
+
+    loader = PingPongLoader(source, features, labels, device=device, timeout=10)
+    with loader:
+        verifier = Verifier(device, expected)
+        received = 0
+        with pytest.raises(expected_type) as info:
+            for batch in loader:
+                verifier.submit(batch)
+                received += 1
+                time.sleep(0.002)  # the model works
+        raised_at = time.monotonic()
+        assert received == fail_at
+        assert len(fault_times) == 1
+        assert raised_at - fault_times[0] < 1.0
+        if raised:
+            assert info.value is raised[0]  # the original object, not a copy
+        text = "".join(traceback.format_exception(info.value))
+        assert "pingpong-producer" in text  # the note naming the thread
+        assert "_run" in text or "_fill" in text or "host_ids" in text  # producer frames
+        verifier.resolve()
+        assert verifier.corrupted == 0
+        assert wait_until(lambda: not producer_threads(), 2.0)
+        # the next epoch works (until the same bad batch, for validation)
+        device.clear_faults()
+        verifier = Verifier(device, expected)
+        again = []
+        for batch in _until_error(loader):
+            again.append(batch.blocks["seq"])
+            verifier.submit(batch)
+        verifier.resolve()
+        assert verifier.corrupted == 0
+        if stage == "validation":
+            assert again == list(range(fail_at))
+        else:
+            assert again == list(range(12))
+
+
+def _until_error(loader: PingPongLoader) -> Iterator[Any]:
+    with contextlib.suppress(pingpong.IdRangeError):
+        yield from loader
+
+
+def test_cpu_gather_failure_keeps_type_and_traceback(monkeypatch):
+    calls = {"n": 0}
+    real = cpu_device_module.gather_rows_cpu_unchecked
+
+    def failing(table, ids, out):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise InjectedFault("gather", 4)
+        real(table, ids, out)
+
+    monkeypatch.setattr(cpu_device_module, "gather_rows_cpu_unchecked", failing)
+    with PingPongLoader(seq_triples(N, 10), make_table()) as loader:
+        with pytest.raises(InjectedFault) as info:
+            list(loader)
+    assert "failing" in "".join(traceback.format_exception(info.value))
+
+
+# -- 7. consumer failure ---------------------------------------------------------------
+class ModelError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("fail_at", [0, 4])
+def test_consumer_failure_mid_epoch(device_kind, fail_at):
+    triples = seq_triples(N, 10)
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    device = make_device(device_kind, seed=fail_at)
+    # timeout: a slot lost by the failed epoch would hang the next one
+    with PingPongLoader(
+        SeqSource(triples, shuffle=False), features, labels, device=device, timeout=5
+    ) as loader:
+        for _ in range(3):
+            with pytest.raises(ModelError):
+                for i, _batch in enumerate(loader):
+                    if i == fail_at:
+                        raise ModelError
+            # the exception (and its traceback) is alive here, the epoch is not
+            assert wait_until(lambda: not producer_threads(), 2.0)
+        verifier = Verifier(loader._device, Expected(features, labels, triples))
+        for batch in loader:
+            verifier.submit(batch)
+        if device_kind == "fake":
+            # each failed epoch's held slot was released (when the next epoch began)
+            assert loader._device.calls["consumer_record"] == 3 * fail_at + 3 + 10
+        verifier.resolve()
+        assert (verifier.checked, verifier.corrupted) == (10, 0)
+
+
+# -- 8. stalled source -----------------------------------------------------------------
+class StallOnce:
+    """Pass 0 blocks before item ``at`` until ``release`` is set; later passes do not."""
+
+    def __init__(self, triples: list[Any], at: int) -> None:
+        self.triples = triples
+        self.at = at
+        self.release = threading.Event()
+        self.passes = 0
+        self.stalled_returned = threading.Event()
+
+    def __len__(self) -> int:
+        return len(self.triples)
+
+    def __iter__(self):
+        number = self.passes
+        self.passes += 1
+        for i, triple in enumerate(self.triples):
+            if number == 0 and i == self.at:
+                self.release.wait(30)
+                self.stalled_returned.set()
+            yield triple
+
+
+def test_stalled_source_times_out_and_the_stuck_producer_never_writes(caplog):
+    """Timeout, then a new epoch while the old producer is still inside the source.
+
+    The old producer is released in the middle of the new epoch: it holds an
+    item and the stop flag is set, so it must exit without writing a slot
+    (hash-sleep-hash on the fake device would show it).
+    """
+    triples = seq_triples(N, 20)
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    source = StallOnce(triples, at=3)
+    device = fake(seed=8, max_delay_s=0.002)
+    caplog.set_level(logging.WARNING, logger="pingpong._epoch")
+    with PingPongLoader(source, features, labels, device=device, timeout=0.3) as loader:
+        it = iter(loader)
+        for _ in range(3):
+            next(it)
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"timeout=0\.3") as info:
+            next(it)
+        assert 0.25 <= time.monotonic() - start < 1.0
+        assert isinstance(info.value, pingpong.BatchTimeoutError)
+        (stuck,) = producer_threads()
+        gathers_before = device.calls["gather"]
+        start = time.monotonic()
+        new_epoch = iter(loader)  # waits up to 2 s for the stuck producer, then goes on
+        assert 1.9 <= time.monotonic() - start < 3.0
+        assert "still blocked inside the source" in caplog.text
+        assert stuck.is_alive()
+        verifier = Verifier(device, Expected(features, labels, triples), stream_sleep_s=0.002)
+        for i, batch in enumerate(new_epoch):
+            if i == 5:
+                source.release.set()  # the old producer wakes up mid-epoch
+                assert source.stalled_returned.wait(2)
+            verifier.submit(batch)
+        verifier.resolve()
+        assert (verifier.checked, verifier.corrupted) == (20, 0)
+        assert wait_until(lambda: not stuck.is_alive(), 2.0)
+        assert device.calls["gather"] == gathers_before + 2 * 20  # nothing from the old one
+
+
+def test_no_timeout_waits_for_slow_sampling_on_the_fake_device():
+    triples = seq_triples(N, 4)
+    source = SeqSource(triples, shuffle=False)
+    source.delay_s = 0.5  # up to 0.5 s per item: slow, not an error
+    with PingPongLoader(source, make_table(), device=fake(), timeout=None) as loader:
+        assert [b.blocks["seq"] for b in loader] == [0, 1, 2, 3]
+
+
+def test_no_timeout_still_notices_a_producer_that_dies_mid_epoch(monkeypatch):
+    """The producer delivers two batches, then its thread ends with no terminal message."""
+    real_produce = epoch_module.produce
+
+    class DieAfterTwo:
+        """Passes two messages on; the third kills the producer loop, and its
+        ``Failure`` message is lost too: the thread ends without a word."""
+
+        def __init__(self, q):
+            self.q = q
+            self.count = 0
+
+        def put(self, item, *args, **kwargs):
+            self.count += 1
+            if self.count <= 2:
+                self.q.put(item, *args, **kwargs)
+            elif self.count == 3:
+                raise RuntimeError("producer thread dies")
+
+    def dying_produce(source, store, device, free_q, ready_q, *rest):
+        real_produce(source, store, device, free_q, DieAfterTwo(ready_q), *rest)
+
+    monkeypatch.setattr(epoch_module, "produce", dying_produce)
+    with PingPongLoader(seq_triples(N, 6), make_table(), timeout=None) as loader:
+        it = iter(loader)
+        next(it)
+        next(it)
+        start = time.monotonic()
+        with pytest.raises(pingpong.ProducerDiedError):
+            next(it)
+        assert time.monotonic() - start < 1.0
+
+
+# -- 9. Ctrl-C and interpreter exit (subprocesses) ------------------------------------
+def _spawn(script: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPTS / script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+    )
+
+
+def _wait_for_line(proc: subprocess.Popen[str], line: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        got = proc.stdout.readline()
+        if got.strip() == line:
+            return
+        if not got and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"no {line!r} from the child; stderr: {proc.communicate()[1]}")
+
+
+def test_sigint_while_blocked_in_next():
+    """Ctrl-C in ``next()``: KeyboardInterrupt at once; caught or not, a clean exit."""
+    cases = [(mode, kind) for mode in ("catch", "uncaught") for kind in ("cpu", "fake")]
+    procs = {case: _spawn("sigint_in_next.py", *case) for case in cases}
+    for proc in procs.values():
+        _wait_for_line(proc, "READY", 90)
+    time.sleep(0.3)  # let them block in next()
+    failures = []
+    for (mode, kind), proc in procs.items():
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        if mode == "catch":
+            _wait_for_line(proc, "INTERRUPTED", 5)
+            if time.monotonic() - sent > 1.0:
+                failures.append(f"{kind}: next() took {time.monotonic() - sent:.2f} s to let go")
+        try:
+            _, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            failures.append(f"{mode}/{kind}: the child did not exit after SIGINT")
+            continue
+        exit_s = time.monotonic() - sent
+        if "Fatal Python error" in stderr:
+            failures.append(f"{mode}/{kind}: fatal error\n{stderr}")
+        if exit_s > 3.0:
+            failures.append(f"{mode}/{kind}: exit took {exit_s:.1f} s")
+        if mode == "catch" and proc.returncode != 0:
+            failures.append(f"{mode}/{kind}: rc {proc.returncode}\n{stderr}")
+        if mode == "uncaught" and (proc.returncode == 0 or "KeyboardInterrupt" not in stderr):
+            failures.append(f"{mode}/{kind}: rc {proc.returncode}\n{stderr}")
+    assert not failures, "\n".join(failures)
+
+
+EXIT_SCENARIOS = {
+    "stalled-source": 0,
+    "waiting-for-slot": 0,
+    "mid-gather": 0,
+    "fake-device": 0,
+    "sys-exit": 3,
+    "exception": 1,
+}
+
+
+def test_interpreter_exit_with_a_live_iterator():
+    """No "Fatal Python error", the expected exit status, and a prompt exit.
+
+    Promptness is measured inside the child, from the last line of the script
+    to the last exit hook: pingpong's shutdown (finalisers, joins) lies in
+    between; the interpreter's own teardown afterwards is not pingpong's.
+    """
+    procs = {name: _spawn("exit_with_live_iterator.py", name) for name in EXIT_SCENARIOS}
+    failures = []
+    for name, proc in procs.items():
+        try:
+            stdout, stderr = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            failures.append(f"{name}: did not exit")
+            continue
+        if "Fatal Python error" in stderr:
+            failures.append(f"{name}: fatal error\n{stderr}")
+        if proc.returncode != EXIT_SCENARIOS[name]:
+            failures.append(f"{name}: rc {proc.returncode}\n{stderr}")
+        if EXIT_SCENARIOS[name] == 0 and ("Traceback" in stderr or "Exception ignored" in stderr):
+            failures.append(f"{name}: an error while exiting\n{stderr}")
+        lines = [line.split() for line in stdout.splitlines()]
+        shutdown = [float(w[1]) for w in lines if w and w[0] == "LAST_HOOK_AFTER"]
+        if "EXITING" not in stdout or not shutdown:
+            failures.append(f"{name}: no exit marks in {stdout!r}\n{stderr}")
+        elif shutdown[0] > 2.0:  # one in-flight gather + a 0.5 s join, with room for load
+            failures.append(f"{name}: pingpong's shutdown took {shutdown[0]:.2f} s")
+    assert not failures, "\n".join(failures)
+
+
+# -- 10. re-iteration ---------------------------------------------------------------
+class SharedStream:
+    """Like a torch ``DataLoader(persistent_workers=True)``: ``iter()`` resets one
+    shared iterator.  ``next()`` first waits for data (``gate``), then takes the
+    next item -- so a stale caller waiting inside ``next()`` would take an item
+    meant for the new pass (torchdata #1482)."""
+
+    def __init__(self, triples: list[Any]) -> None:
+        self.triples = triples
+        self.lock = threading.Lock()
+        self.cursor = 0
+        self.gate = threading.Event()
+        self.gate.set()
+        self.taken: list[tuple[str, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.triples)
+
+    def __iter__(self) -> _SharedIterator:
+        with self.lock:
+            self.cursor = 0
+        return _SharedIterator(self)
+
+
+class _SharedIterator:
+    def __init__(self, stream: SharedStream) -> None:
+        self.stream = stream
+
+    def __iter__(self) -> _SharedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        stream = self.stream
+        stream.gate.wait(30)
+        with stream.lock:
+            index = stream.cursor
+            if index >= len(stream.triples):
+                raise StopIteration
+            stream.cursor += 1
+            stream.taken.append((threading.current_thread().name, index))
+        return stream.triples[index]
+
+
+def test_old_producer_does_not_steal_from_the_new_epoch():
+    """Found a bug: after a timeout, the next ``iter()`` started a new producer while
+    the old one was still waiting inside ``next(source)``; it then took item 0
+    of the new pass and dropped it (silent data loss)."""
+    triples = seq_triples(N, 8)
+    source = SharedStream(triples)
+    with PingPongLoader(source, make_table(), timeout=0.6) as loader:
+        list(loader)  # warm up (first-call compilation)
+        it = iter(loader)
+        next(it)
+        source.gate.clear()  # the sampler stalls
+        time.sleep(0.1)
+        with pytest.raises(TimeoutError):
+            for _ in range(10):
+                next(it)
+        threading.Timer(0.3, source.gate.set).start()
+        seqs = [batch.blocks["seq"] for batch in loader]
+    assert seqs == list(range(8))
+
+
+def test_rapid_reiteration_never_lets_an_old_producer_advance():
+    """``iter()`` twice quickly, many times: once a new pass began, no older
+    iterator of the source is advanced again, and every full pass is exact."""
+    log: list[tuple[int, str]] = []
+    created: list[float] = []
+
+    class Logged:
+        def __len__(self) -> int:
+            return 12
+
+        def __iter__(self):
+            number = len(created)
+            created.append(time.monotonic())
+            triples = seq_triples(N, 12, seed=number)
+            for triple in triples:
+                log.append((number, threading.current_thread().name))
+                yield triple
+
+    rng = random.Random(0)
+    with PingPongLoader(Logged(), make_table(), num_buffers=3) as loader:
+        for _ in range(25):
+            first = iter(loader)
+            for _ in range(rng.randrange(0, 4)):
+                next(first)
+            second = iter(loader)
+            with pytest.raises(StopIteration):
+                next(first)
+            assert [b.blocks["seq"] for b in second] == list(range(12))
+    # after pass k+1 started, pass k's iterator was never advanced again
+    latest = -1
+    for number, _thread in log:
+        assert number >= latest, "an old iterator advanced after a newer one began"
+        latest = number
+    # each pass was advanced only by one producer thread
+    threads_per_pass: dict[int, set[str]] = {}
+    for number, thread in log:
+        threads_per_pass.setdefault(number, set()).add(thread)
+    assert all(len(names) == 1 for names in threads_per_pass.values())
+    assert wait_for_no_pingpong_threads(2.0) == []

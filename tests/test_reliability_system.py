@@ -1,0 +1,221 @@
+"""Reliability checklist items 11, 13, 14: bad input, threads and forks, leaks.
+
+Item 12 (kernels under the Numba CUDA simulator) is tests/test_kernels_cudasim.py
+(run with ``NUMBA_ENABLE_CUDASIM=1``, the tox ``cudasim`` env).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numba
+import numpy as np
+import psutil
+import pytest
+import torch
+from test_reliability import Expected, SeqSource, Verifier, fake, make_table, seq_triples
+
+import pingpong
+from pingpong import PingPongLoader
+
+N = 400
+
+
+# -- 11. bad input is refused before any memory is read ------------------------------
+@pytest.mark.parametrize(
+    ("ids", "exc", "needle"),
+    [
+        (np.array([1.0, 2.0]), TypeError, "float64"),
+        (torch.tensor([1, 2], dtype=torch.int16), TypeError, "int16"),
+        (np.array([1, 2], dtype=np.uint64), TypeError, "uint64"),
+        (np.array([1, 2], dtype=np.int8), TypeError, "int8"),
+        (torch.tensor(3), TypeError, "1-D"),
+        (np.zeros((2, 2), dtype=np.int64), TypeError, "1-D"),
+        (np.array([1, None], dtype=object), TypeError, "object"),
+        (7, TypeError, "int"),
+        (None, TypeError, "NoneType"),
+        ({"user": torch.arange(3)}, TypeError, "dict"),
+        (np.array([0, N], dtype=np.int32), IndexError, f"= {N}"),
+        (torch.tensor([0, -(2**31)], dtype=torch.int32), IndexError, str(-(2**31))),
+        (torch.arange(2**31, 2**31 + 3), IndexError, str(2**31)),
+    ],
+    ids=lambda v: repr(v)[:28],
+)
+def test_bad_ids_are_refused_before_any_gather(ids, exc, needle):
+    """On the fake device: the error names the problem and no gather was enqueued."""
+    triples = seq_triples(N, 4)
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    expected = Expected(features, labels, triples)
+    triples[2] = (ids, triples[2][1], triples[2][2])
+    device = fake(seed=1)
+    with PingPongLoader(
+        SeqSource(triples, shuffle=False), features, labels, device=device
+    ) as loader:
+        verifier = Verifier(device, expected, stream_sleep_s=0.01)
+        it = iter(loader)
+        for _ in range(2):
+            verifier.submit(next(it))
+        with pytest.raises(exc, match="input_nodes") as info:
+            next(it)
+        assert needle in str(info.value)
+        assert isinstance(info.value, pingpong.PingPongError)
+        assert device.calls["gather"] == 2 * 2  # batches 0 and 1 only
+        verifier.resolve()
+        assert verifier.corrupted == 0  # the batches before it are intact
+
+
+def test_bad_output_ids_dtype_is_refused_when_labels_are_used():
+    triples = [(torch.arange(4), torch.tensor([0.5]), {"seq": 0})]
+    with PingPongLoader(triples, make_table(), torch.arange(N)) as loader:
+        with pytest.raises(TypeError, match=r"output_nodes.*float32"):
+            list(loader)
+
+
+def test_non_contiguous_and_int32_ids_are_gathered_correctly():
+    """Strided or narrow ids are valid input, not an error."""
+    base = torch.randperm(N)
+    triples = [
+        (base[::3], base[1::5], {"seq": 0}),
+        (base.to(torch.int32)[::2], base[:7].to(torch.int32), {"seq": 1}),
+        (base.numpy()[::-1], base.numpy()[:3], {"seq": 2}),  # a negative stride
+    ]
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    dense = [
+        (torch.as_tensor(np.array(t[0])).long(), torch.as_tensor(np.array(t[1])).long(), t[2])
+        for t in triples
+    ]
+    expected = Expected(features, labels, dense)
+    for device in ("cpu", fake(seed=2)):
+        with PingPongLoader(triples, features, labels, device=device) as loader:
+            verifier = Verifier(loader._device, expected)
+            for batch in loader:
+                verifier.submit(batch)
+            verifier.resolve()
+        assert (verifier.checked, verifier.corrupted) == (3, 0)
+
+
+@pytest.mark.parametrize(
+    ("features", "labels", "needle"),
+    [
+        (np.asfortranarray(np.ones((N, 4), np.float32)), None, "not contiguous"),
+        ({"a": torch.randn(N, 2), "b": torch.randn(4, N).t()}, None, "not contiguous"),
+        (torch.empty(N, 4, device="meta"), None, "host memory"),
+        (torch.randn(N, 4), torch.tensor(3), "0-D"),
+        (torch.randn(N, 4), [1, 2, 3], "torch.Tensor"),
+        (torch.randn(N, 4), torch.empty(0), "labels has 0 rows|empty"),
+        ([[1.0, 2.0]], None, "torch.Tensor"),
+    ],
+    ids=[
+        "fortran-numpy",
+        "dict-member-strided",
+        "meta",
+        "labels-0d",
+        "labels-list",
+        "labels-empty",
+        "nested-list",
+    ],
+)
+def test_more_bad_tables_are_refused_at_construction(features, labels, needle):
+    with pytest.raises((ValueError, TypeError), match=needle) as info:
+        PingPongLoader(seq_triples(N, 1), features, labels)
+    assert isinstance(info.value, pingpong.TableError)
+
+
+# -- 13. threads and forks -----------------------------------------------------------
+def test_dgl_dataloader_with_worker_processes(dgl):
+    """DGL ``num_workers=2`` (forked worker processes) under the producer thread."""
+    g = dgl.rand_graph(N, 3000)
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    sampler = dgl.dataloading.NeighborSampler([4, 3])
+    source = dgl.dataloading.DataLoader(
+        g, torch.arange(N), sampler, batch_size=50, shuffle=True, num_workers=2
+    )
+    me = psutil.Process()
+    with PingPongLoader(source, features, labels, timeout=60) as loader:
+        for epoch in range(2):
+            seeds = []
+            for batch in loader:
+                assert torch.equal(batch.x, features[batch.input_nodes])
+                assert torch.equal(batch.y, labels[batch.output_nodes])
+                seeds.append(batch.output_nodes)
+            assert torch.equal(torch.cat(seeds).sort().values, torch.arange(N)), epoch
+        for i, _batch in enumerate(loader):  # early exit with live worker processes
+            if i == 1:
+                break
+        assert len(list(loader)) == len(source)
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while me.children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert me.children() == []  # the worker processes are gone
+
+
+@numba.njit(parallel=True, nogil=True)
+def _user_parallel_sum(a):  # pragma: no cover - compiled
+    total = 0.0
+    for i in numba.prange(a.shape[0]):
+        total += a[i]
+    return total
+
+
+def test_user_parallel_numba_while_the_producer_gathers():
+    """The producer's parallel Numba gather and the training thread's own
+    parallel Numba code run at the same time without aborting (Numba #8563)."""
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(20_000, 64, generator=gen)
+    triples = [
+        (torch.randint(0, 20_000, (20_000,), generator=gen), torch.arange(4), {"seq": i})
+        for i in range(20)
+    ]
+    data = np.ones(200_000)
+    with PingPongLoader(triples, features, num_buffers=3) as loader:
+        for _ in range(2):
+            for batch, triple in zip(loader, triples, strict=True):
+                for _ in range(3):
+                    assert _user_parallel_sum(data) == 200_000
+                assert torch.equal(batch.x, features[triple[0]])
+    assert pingpong._numba_threads.threading_layer() in ("omp", "tbb", "workqueue")
+
+
+# -- 14. leaks ------------------------------------------------------------------------
+def _cycle(kind: str, features: torch.Tensor, triples: list, seed: int) -> None:
+    device = fake(seed=seed, max_delay_s=0.0005) if kind == "fake" else "cpu"
+    loader = PingPongLoader(triples, features, device=device)
+    for i, _batch in enumerate(loader):
+        if i == 2:
+            break
+    loader.close()
+
+
+@pytest.mark.parametrize("kind", ["cpu", "fake"])
+def test_no_leak_over_100_lifecycles(kind):
+    """create / iterate / break / close x 100: RSS < 5 MB, fds and threads unchanged."""
+    process = psutil.Process()
+    features = make_table(2000, (32,))
+    triples = seq_triples(2000, 6, max_inputs=256)
+    for i in range(10):  # warm up: compilation, allocator pools, lazy imports
+        _cycle(kind, features, triples, i)
+    gc.collect()
+    assert wait_until_no_pingpong_threads()
+    rss0 = process.memory_info().rss
+    fds0 = process.num_fds()
+    threads0 = threading.active_count()
+    for i in range(100):
+        _cycle(kind, features, triples, i)
+    gc.collect()
+    assert wait_until_no_pingpong_threads()
+    growth = process.memory_info().rss - rss0
+    assert growth < 5 * 2**20, f"RSS grew by {growth / 2**20:.1f} MB"
+    assert process.num_fds() == fds0
+    assert threading.active_count() == threads0
+
+
+def wait_until_no_pingpong_threads(timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [t for t in threading.enumerate() if t.name.startswith("pingpong-")]:
+            return True
+        time.sleep(0.01)
+    return False
