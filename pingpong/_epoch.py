@@ -80,6 +80,7 @@ class Epoch:
         self.delivered = 0
         self.finished = False
         self.closed = False
+        self._close_lock = threading.Lock()
         self.thread = threading.Thread(
             target=produce,
             args=(
@@ -191,12 +192,17 @@ class Epoch:
 
         Blocks for at most one in-flight gather plus ``join_timeout`` seconds.
         """
-        if self.closed:
-            return
-        self.request_stop()
         if threading.current_thread() is self.thread:
+            self.request_stop()
             return  # a finaliser running on the producer thread itself
-        self.closed = True
+        with self._close_lock:  # two threads closing at once: the second waits
+            if self.closed:
+                return
+            self.closed = True
+            self._close(join_timeout)
+
+    def _close(self, join_timeout: float) -> None:
+        self.request_stop()
         with self.write_lock:
             pass  # a producer mid-write finishes; it re-checks `stop` before the next
         if self.held is not None:
