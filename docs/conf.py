@@ -37,20 +37,6 @@ source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "requirements.txt"]
 
-# reliability.md (written separately) is listed in index.rst's toctree; until
-# it exists, that entry is dropped so the site still builds with -W.  Remove
-# this hook once docs/reliability.md is committed.
-OPTIONAL_PAGES = ("reliability",)
-
-
-def _drop_missing_pages(app: object, docname: str, source: list[str]) -> None:
-    if docname != root_doc:
-        return
-    for page in OPTIONAL_PAGES:
-        if not any((DOCS / f"{page}{suffix}").exists() for suffix in source_suffix):
-            source[0] = source[0].replace(f"\n   {page}\n", "\n")
-
-
 # -- autodoc / napoleon (Google-style "Args:" / "Raises:" docstrings) --------
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
@@ -74,7 +60,3 @@ html_theme_options = {
     "fixed_sidebar": True,
 }
 html_static_path: list[str] = []
-
-
-def setup(app: object) -> None:
-    app.connect("source-read", _drop_missing_pages)  # type: ignore[attr-defined]
