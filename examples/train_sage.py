@@ -317,6 +317,13 @@ def batch_digest(batch: Any) -> str:
     return h.hexdigest()
 
 
+def make_grad_scaler(enabled: bool) -> Any:
+    """A CUDA GradScaler (``torch.amp.GradScaler`` exists from torch 2.3 on)."""
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler("cuda", enabled=enabled)
+    return torch.cuda.amp.GradScaler(enabled=enabled)
+
+
 def autocast(args: argparse.Namespace, device: torch.device) -> Any:
     if args.amp == "off":
         return contextlib.nullcontext()
@@ -359,7 +366,7 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device) -> dict
     model = model_cls(in_feats, args.hidden, data.num_classes, len(args.fanouts),
                       args.dropout).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    scaler = torch.amp.GradScaler("cuda", enabled=args.amp == "fp16" and device.type == "cuda")
+    scaler = make_grad_scaler(enabled=args.amp == "fp16" and device.type == "cuda")
 
     train_loader = make_loader(
         make_source(data, args, data.train_idx, args.batch_size, shuffle=True), data, args,
