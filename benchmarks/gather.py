@@ -238,10 +238,20 @@ class ParallelCopy:
 
 
 def set_threads(n: int) -> None:
+    """Give every contender ``n`` threads.
+
+    Numba first: its first ``set_num_threads`` starts its OpenMP threading
+    layer, which resets the calling thread's OpenMP thread count -- the one
+    torch's intra-op pool reads -- to all cores (seen with torch 2.13 and
+    numba 0.68: torch.set_num_threads(1) then numba.set_num_threads(1) leaves
+    torch.get_num_threads() == 2).  Then torch, and check it took.
+    """
     import numba
 
-    torch.set_num_threads(n)
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    torch.set_num_threads(n)
+    if torch.get_num_threads() != n:
+        raise SystemExit(f"torch kept {torch.get_num_threads()} threads, asked for {n}")
 
 
 # --------------------------------------------------------------------------- CPU
