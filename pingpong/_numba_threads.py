@@ -89,9 +89,3 @@ def parallel_launch_lock() -> Iterator[None]:
             yield
     else:
         yield
-
-
-def threading_layer() -> str:
-    """The Numba threading layer in use (initialising it safely if needed)."""
-    must_serialise()
-    return str(numba.threading_layer())

@@ -14,7 +14,7 @@ the free queue, before the hand-off.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,7 +77,6 @@ class Slot:
     release_event: Any
     #: Incremented each time the producer refills the slot (the ``debug`` check).
     generation: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:

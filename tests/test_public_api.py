@@ -1,0 +1,55 @@
+"""The public API is what ``pingpong.__all__`` says, and every name resolves."""
+
+from __future__ import annotations
+
+import inspect
+
+import pingpong
+
+EXPECTED = {
+    "Batch",
+    "BatchTimeoutError",
+    "ConfigError",
+    "EdgeBlock",
+    "GatherModeUnavailable",
+    "IdRangeError",
+    "IdShapeError",
+    "IdTypeError",
+    "LoaderClosedError",
+    "PingPongError",
+    "PingPongLoader",
+    "ProducerDiedError",
+    "SlotOverwriteError",
+    "TableError",
+    "__version__",
+    "as_edge_block",
+}
+
+
+def test_all_is_pinned_and_resolves():
+    assert set(pingpong.__all__) == EXPECTED
+    for name in pingpong.__all__:
+        assert getattr(pingpong, name) is not None
+
+
+def test_loader_signature_matches_the_documented_api():
+    params = inspect.signature(pingpong.PingPongLoader).parameters
+    assert list(params)[:3] == ["source", "features", "labels"]
+    keyword_only = {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    assert {"device", "num_buffers", "gather", "timeout"} <= keyword_only
+    assert params["num_buffers"].default == 2
+    assert params["gather"].default == "auto"
+    assert params["timeout"].default is None
+    assert params["device"].default == "cpu"
+
+
+def test_batch_fields_and_kernel_entry_points():
+    assert pingpong.Batch._fields == ("input_nodes", "output_nodes", "blocks", "x", "y")
+    from pingpong.kernels import gather_rows_cpu, gather_rows_cuda
+
+    assert callable(gather_rows_cpu)
+    assert callable(gather_rows_cuda)
+    for exc in (pingpong.IdRangeError, pingpong.TableError, pingpong.BatchTimeoutError):
+        assert issubclass(exc, pingpong.PingPongError)
+    assert issubclass(pingpong.IdRangeError, IndexError)
+    assert issubclass(pingpong.BatchTimeoutError, TimeoutError)
