@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--mlp", action="store_true",
                    help="features-only baseline (same loop, the model ignores the blocks)")
+    p.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
+                   help="progress bar on stderr (auto: on a terminal, epochs of 50+ steps)")
     p.add_argument("--log-every", type=positive_int, default=20)
     p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
     # Test hook: per-step digests of everything the training step reads.
@@ -317,6 +319,36 @@ def batch_digest(batch: Any) -> str:
     return h.hexdigest()
 
 
+def progress(iterable: Iterable[Any], total: int, desc: str, mode: str) -> Iterable[Any]:
+    """A progress bar on stderr for long epochs (tqdm if installed, else a plain one).
+
+    ``mode``: ``on``, ``off``, or ``auto`` -- on when stderr is a terminal and the
+    epoch has at least 50 steps.
+    """
+    if mode == "off" or (mode == "auto" and not (sys.stderr.isatty() and total >= 50)):
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _plain_progress(iterable, total, desc)
+    return tqdm(iterable, total=total, desc=desc, leave=False, file=sys.stderr)
+
+
+def _plain_progress(iterable: Iterable[Any], total: int, desc: str) -> Iterator[Any]:
+    shown = 0.0
+    width = 30
+    for step, item in enumerate(iterable, 1):
+        now = time.perf_counter()
+        if now - shown > 0.5 or step == total:
+            done = int(width * step / max(total, 1))
+            sys.stderr.write(f"\r{desc} [{'#' * done}{'.' * (width - done)}] {step}/{total}")
+            sys.stderr.flush()
+            shown = now
+        yield item
+    sys.stderr.write("\r" + " " * (len(desc) + width + 24) + "\r")
+    sys.stderr.flush()
+
+
 def make_grad_scaler(enabled: bool) -> Any:
     """A CUDA GradScaler (``torch.amp.GradScaler`` exists from torch 2.3 on)."""
     if hasattr(torch.amp, "GradScaler"):
@@ -386,7 +418,8 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device) -> dict
             sync(device)
             t_epoch = t_log = time.perf_counter()
             seen_since_log = 0
-            for step, batch in enumerate(train_loader):
+            steps = progress(train_loader, len(train_loader), f"epoch {epoch}", args.progress)
+            for step, batch in enumerate(steps):
                 if args.dump_batches is not None:
                     digests.append(batch_digest(batch))
                 with autocast(args, device):
