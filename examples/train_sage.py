@@ -495,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--num-workers applies to --sampler dgl only")
     if args.amp == "fp16" and args.device == "cpu":
         parser.error("--amp fp16 needs --device cuda (use --amp bf16 on the CPU)")
+    if args.sort_ids and (args.device != "cuda" or args.gather not in ("auto", "zerocopy")):
+        parser.error("--sort-ids applies to --device cuda with --gather zerocopy (or auto)")
     device = torch.device(args.device)
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
 
