@@ -392,3 +392,28 @@ def plot_lines(
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+def write_results(
+    out: Path | None,
+    name: str,
+    report: Any,
+    markdown: str,
+    render_plot: Callable[[Any, Path], Path | None],
+) -> None:
+    """Write ``NAME.json``, ``NAME.md`` and (with matplotlib) ``NAME.png`` under ``out``.
+
+    Without ``out`` the Markdown goes to stdout instead.
+    """
+    if out is None:
+        print(markdown)
+        return
+    written = [
+        write_json(out / f"{name}.json", report),
+        write_markdown(out / f"{name}.md", markdown),
+    ]
+    png = render_plot(report, out / f"{name}.png")
+    if png is not None:
+        written.append(png)
+    print("# wrote " + ", ".join(str(p) for p in written))
+

@@ -402,15 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         report["elapsed_s"] = time.perf_counter() - t0
         report["summary"] = summarize(report)
     markdown = render_markdown(report)
-    if bench.out is not None:
-        written = [_common.write_json(bench.out / f"{bench.name}.json", report),
-                   _common.write_markdown(bench.out / f"{bench.name}.md", markdown)]
-        png = render_plot(report, bench.out / f"{bench.name}.png")
-        if png is not None:
-            written.append(png)
-        print("# wrote " + ", ".join(str(p) for p in written))
-    else:
-        print(markdown)
+    _common.write_results(bench.out, bench.name, report, markdown, render_plot)
     return 0
 
 

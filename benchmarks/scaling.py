@@ -252,15 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report = run_all(args)
     markdown = render_markdown(report)
-    if args.out is not None:
-        written = [_common.write_json(args.out / f"{args.name}.json", report),
-                   _common.write_markdown(args.out / f"{args.name}.md", markdown)]
-        png = render_plot(report, args.out / f"{args.name}.png")
-        if png is not None:
-            written.append(png)
-        print("# wrote " + ", ".join(str(p) for p in written))
-    else:
-        print(markdown)
+    _common.write_results(args.out, args.name, report, markdown, render_plot)
     return 0
 
 
