@@ -130,4 +130,4 @@ def test_two_threads_running_parallel_numba_at_once():
         assert user_parallel_sum(data) == 100_000
     thread.join()
     assert not errors
-    assert numba.threading_layer() in ("omp", "tbb", "workqueue")
+    assert numba.threading_layer() in ("omp", "tbb")
