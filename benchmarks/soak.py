@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
 import math
 import os
@@ -54,7 +53,7 @@ import torch
 
 import pingpong
 from pingpong import PingPongLoader
-from pingpong.devices.fake import FakeAsyncDevice
+from pingpong.devices.fake import FakeAsyncDevice, tensor_digest
 from pingpong.errors import SlotOverwriteError
 
 NUM_ROWS = 5000
@@ -63,13 +62,7 @@ POOL = 512  # distinct batches; epochs draw from them
 
 
 # --------------------------------------------------------------------------- data
-def digest(tensor: torch.Tensor | None) -> bytes:
-    if tensor is None:
-        return b"none"
-    h = hashlib.blake2b(f"{tensor.dtype}{tuple(tensor.shape)}".encode(), digest_size=16)
-    if tensor.numel():
-        h.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
-    return h.digest()
+digest = tensor_digest  # the shared batch hash
 
 
 def make_data(seed: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Any, Any]], list[Any]]:

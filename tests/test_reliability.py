@@ -12,7 +12,6 @@ The helpers at the top are shared by the other ``test_reliability_*`` modules.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import queue
 import random
 import threading
@@ -36,21 +35,14 @@ from hypothesis.stateful import (
 import pingpong._epoch as epoch_module
 from pingpong import PingPongLoader
 from pingpong.devices import COMPLETED
-from pingpong.devices.fake import FakeAsyncDevice
+from pingpong.devices.fake import FakeAsyncDevice, tensor_digest
 from pingpong.errors import SlotOverwriteError
 
 N = 400
 
 
 # -- shared helpers ------------------------------------------------------------
-def digest(tensor: torch.Tensor | None) -> bytes:
-    """A hash of a tensor's dtype, shape and bytes."""
-    if tensor is None:
-        return b"none"
-    h = hashlib.blake2b(f"{tensor.dtype}{tuple(tensor.shape)}".encode(), digest_size=16)
-    if tensor.numel():
-        h.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
-    return h.digest()
+digest = tensor_digest  # the shared batch hash
 
 
 def make_table(

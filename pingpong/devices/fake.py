@@ -34,6 +34,7 @@ copy-stream methods, the training thread the consumer-stream ones.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import itertools
 import random
 import threading
@@ -423,3 +424,14 @@ def _close_all_devices() -> None:
         device._closed = True
         for stream in (device.copy_stream, device.consumer_stream):
             stream.stop(drain=False)
+
+
+def tensor_digest(tensor: torch.Tensor | None) -> bytes:
+    """A hash of a tensor's dtype, shape and bytes (how tests compare batches)."""
+    if tensor is None:
+        return b"none"
+    h = hashlib.blake2b(f"{tensor.dtype}{tuple(tensor.shape)}".encode(), digest_size=16)
+    if tensor.numel():
+        h.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.digest()
+
