@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # GPU check: one command for a machine with a CUDA GPU (Python 3.12, torch with
-# CUDA, numba-cuda; no DGL, no network).  Each step has its own time limit so
-# the whole script stays well under 8 minutes:
+# CUDA, numba-cuda; no DGL, no network).  Each step has its own time limit (the
+# sum of all limits is over 8 minutes: in a short GPU session, name the steps):
 #   tests     the CUDA tests (tests/test_cuda.py; the kernel tests on the real GPU)
+#   reliability  the reliability suite's GPU cases (tests/test_reliability*.py -m cuda):
+#             exactly-once in order, hash / torch.cuda._sleep / hash in every gather
+#             mode, early exit, consumer failure, bad ids, 100-lifecycle leaks
 #   memcheck  compute-sanitizer memcheck on a small workload (if the tool works here)
+#   memcheck-reliability  memcheck on the out-of-range and leak tests of that suite
 #   gather    benchmarks/gather.py --device cuda (zero-copy vs staged vs pinned
 #             index_select vs pinned memcpy vs device-resident)
 #   epochs    GraphSAGE with the built-in sampler: the plain loop and each gather mode
@@ -13,7 +17,7 @@
 set -u
 out=${1:?usage: benchmarks/gpu_check.sh OUTDIR [STEP...]}
 shift
-steps=${*:-tests memcheck gather epochs epochs-large}
+steps=${*:-tests reliability memcheck memcheck-reliability gather epochs epochs-large}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -39,12 +43,20 @@ for step in $steps; do
     tests)
       run tests 150 $py -m pytest -q -p no:cacheprovider -W default \
         tests/test_cuda.py tests/test_kernels_cudasim.py ;;
-    memcheck)
-      if command -v compute-sanitizer >/dev/null; then
+    reliability)
+      run reliability 240 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
+        tests/test_reliability.py tests/test_reliability_lifecycle.py \
+        tests/test_reliability_system.py ;;
+    memcheck|memcheck-reliability)
+      if ! command -v compute-sanitizer >/dev/null; then
+        echo "compute-sanitizer not found: $step skipped" | tee -a "$log"
+      elif [ "$step" = memcheck ]; then
         run memcheck 90 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
           $py benchmarks/gpu_sanitize.py
       else
-        echo "compute-sanitizer not found: memcheck skipped" | tee -a "$log"
+        run memcheck-reliability 240 compute-sanitizer --tool memcheck --report-api-errors no \
+          --error-exitcode 3 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
+          -k "bad_ids or leak" tests/test_reliability_system.py
       fi ;;
     gather)
       run gather 180 $py benchmarks/gather.py --device cuda --table-gib 4 \

@@ -4,7 +4,10 @@ Most tests run the loader on :class:`~pingpong.devices.fake.FakeAsyncDevice`,
 whose copy and consumer streams execute later on worker threads with seeded
 random delays and poison released slots.  "The model reads the batch" is
 enqueued on the consumer stream (``device.consumer_submit``), the way GPU
-kernels are, and checked once it ran.
+kernels are, and checked once it ran.  The tests parametrized over
+:data:`DEVICE_KINDS` also run on a real GPU when there is one (marked ``cuda``;
+``benchmarks/gpu_check.sh`` runs them): there the reads are copies queued on
+the consumer's CUDA stream behind ``torch.cuda._sleep``.
 
 The helpers at the top are shared by the other ``test_reliability_*`` modules.
 """
@@ -40,9 +43,24 @@ from pingpong.errors import SlotOverwriteError
 
 N = 400
 
+#: Marks for a test (or parameter) that needs a real GPU.
+ON_CUDA = (
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+)
+#: The devices the loader-level reliability tests run on.
+DEVICE_KINDS = ["cpu", "fake", pytest.param("cuda", marks=ON_CUDA)]
+#: ``torch.cuda._sleep`` cycles per second of sleep (about one GPU clock; rough is fine).
+CUDA_SLEEP_CYCLES_PER_S = 1.5e9
+
 
 # -- shared helpers ------------------------------------------------------------
 digest = tensor_digest  # the shared batch hash
+
+
+def make_device(kind: str, seed: int = 0, max_delay_s: float = 0.002) -> Any:
+    """``"cpu"``/``"cuda"`` as they are; ``"fake"`` becomes a seeded FakeAsyncDevice."""
+    return fake(seed=seed, max_delay_s=max_delay_s) if kind == "fake" else kind
 
 
 def make_table(
@@ -138,12 +156,32 @@ def batch_digest(batch: Any) -> tuple[Any, bytes]:
     return x, digest(batch.y)
 
 
+class GpuRead:
+    """Copies of ``batch.x`` / ``batch.y`` queued on the current CUDA stream.
+
+    ``result()`` waits for them and returns their digest, like a fake-stream future.
+    """
+
+    def __init__(self, batch: Any) -> None:
+        x = batch.x
+        self.x = {k: v.clone() for k, v in x.items()} if isinstance(x, dict) else x.clone()
+        self.y = None if batch.y is None else batch.y.clone()
+
+    def result(self) -> tuple[Any, bytes]:
+        x = {k: v.cpu() for k, v in self.x.items()} if isinstance(self.x, dict) else self.x.cpu()
+        y = None if self.y is None else self.y.cpu()
+        return batch_digest(types.SimpleNamespace(x=x, y=y))
+
+
 class Verifier:
     """Checks each batch where the model would read it; counts what went wrong.
 
     On a :class:`FakeAsyncDevice` the reads run on the consumer stream:
-    hash on receipt, optionally sleep on the stream, hash again.  On other
-    devices they run on the host at once.
+    hash on receipt, optionally sleep on the stream, hash again.  On a GPU
+    the reads are copies queued on the current CUDA stream, the second behind
+    a ``torch.cuda._sleep`` (at least ~1 ms), hashed on the host at
+    :meth:`resolve`: a missing ready wait shows in the first copy, a missing
+    release wait in the second.  On the CPU device they run on the host at once.
     """
 
     def __init__(self, device: Any, expected: Expected, *, stream_sleep_s: float = 0.0) -> None:
@@ -164,6 +202,10 @@ class Verifier:
                 self.device.consumer_submit(lambda: time.sleep(pause))
             second = self.device.consumer_submit(lambda: batch_digest(batch))
             self.pending.append((seq, first, second))
+        elif _on_gpu(batch):
+            first = GpuRead(batch)
+            torch.cuda._sleep(int(max(pause, 0.001) * CUDA_SLEEP_CYCLES_PER_S))
+            self.pending.append((seq, first, GpuRead(batch)))
         else:
             first = batch_digest(batch)
             if pause:
@@ -179,6 +221,11 @@ class Verifier:
             self.corrupted += int(a != want or b != want)
             self.changed_while_held += int(a != b)
         self.pending.clear()
+
+
+def _on_gpu(batch: Any) -> bool:
+    x = next(iter(batch.x.values())) if isinstance(batch.x, dict) else batch.x
+    return bool(x.is_cuda)
 
 
 def fake(seed: int = 0, max_delay_s: float = 0.002, **kwargs: Any) -> FakeAsyncDevice:
@@ -263,12 +310,12 @@ def test_bit_identical_dict_features_without_labels_on_the_fake_device():
 
 
 # -- 2. exactly once, in order ------------------------------------------------------
-@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 def test_exactly_once_in_order_over_many_epochs(device_kind):
     triples = seq_triples(N, 15, max_inputs=16)
     source = SeqSource(triples, shuffle=True, seed=5)
     features, labels = make_table(), make_table(N, (), torch.int64)
-    device = fake(seed=5, max_delay_s=0.001) if device_kind == "fake" else "cpu"
+    device = make_device(device_kind, seed=5, max_delay_s=0.001)
     delivered: list[list[int]] = []
     with PingPongLoader(source, features, labels, device=device, num_buffers=3) as loader:
         verifier = Verifier(loader._device, Expected(features, labels, triples))
@@ -293,17 +340,52 @@ def test_hash_sleep_hash_never_changes(num_buffers, seed):
     triples = seq_triples(N, 12)
     features, labels = make_table(), make_table(N, (), torch.int64)
     device = fake(seed=seed, max_delay_s=0.003)
-    verifier = Verifier(device, Expected(features, labels, triples))
-    rng = random.Random(seed)
     loader = PingPongLoader(
         SeqSource(triples), features, labels, device=device, num_buffers=num_buffers
     )
     with loader:
-        for _ in range(2):
-            for batch in loader:
-                verifier.submit(batch, sleep_s=rng.random() * 0.01)
-                time.sleep(rng.random() * 0.005)  # the host runs ahead or lags behind
-        verifier.resolve()
+        verifier = hash_sleep_hash(loader, Expected(features, labels, triples), seed)
+    assert verifier.checked == 24
+    assert verifier.changed_while_held == 0
+    assert verifier.corrupted == 0
+
+
+def hash_sleep_hash(loader: PingPongLoader, expected: Expected, seed: int) -> Verifier:
+    """Two epochs: each batch is read, the reader sleeps 0-10 ms, it is read again.
+
+    The host sleeps 0-5 ms between batches too, so it runs ahead of the
+    streams or lags behind them.  Returns the resolved verifier.
+    """
+    verifier = Verifier(loader._device, expected)
+    rng = random.Random(seed)
+    for _ in range(2):
+        for batch in loader:
+            verifier.submit(batch, sleep_s=rng.random() * 0.01)
+            time.sleep(rng.random() * 0.005)
+    verifier.resolve()
+    return verifier
+
+
+@pytest.mark.parametrize("num_buffers", [2, 3])
+@pytest.mark.parametrize("mode", ["zerocopy", "staged", "device"])
+@pytest.mark.parametrize("seed", [0, 1], ids=["seed0", "seed1"])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_hash_sleep_hash_never_changes_on_gpu(mode, num_buffers, seed):
+    """The same check on a real GPU: the reads are queued behind ``torch.cuda._sleep``.
+
+    Batches are large (up to 60k rows of 1 KB), so a copy stream that did not
+    wait for the consumer's release would overwrite a slot the sleeping
+    consumer stream has yet to read.
+    """
+    num_rows = 100_000
+    triples = seq_triples(num_rows, 12, seed=seed, max_inputs=60_000, batch_out=1024)
+    features = make_table(num_rows, (256,))
+    labels = make_table(num_rows, (), torch.int64)
+    with PingPongLoader(
+        SeqSource(triples), features, labels, device="cuda", gather=mode, num_buffers=num_buffers
+    ) as loader:
+        verifier = hash_sleep_hash(loader, Expected(features, labels, triples), seed)
     assert verifier.checked == 24
     assert verifier.changed_while_held == 0
     assert verifier.corrupted == 0
@@ -394,11 +476,11 @@ def test_without_debug_the_same_bug_corrupts_silently(monkeypatch):
     assert verifier.corrupted > 0
 
 
-@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 def test_debug_check_is_silent_on_a_correct_run(device_kind):
     triples = seq_triples(N, 12)
     features = make_table()
-    device = fake(seed=4) if device_kind == "fake" else "cpu"
+    device = make_device(device_kind, seed=4)
     with PingPongLoader(SeqSource(triples), features, device=device, debug=True) as loader:
         verifier = Verifier(loader._device, Expected(features, None, triples))
         for _ in range(3):

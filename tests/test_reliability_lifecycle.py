@@ -21,10 +21,12 @@ import pytest
 import torch
 from conftest import wait_for_no_pingpong_threads
 from test_reliability import (
+    DEVICE_KINDS,
     Expected,
     SeqSource,
     Verifier,
     fake,
+    make_device,
     make_table,
     seq_triples,
 )
@@ -51,12 +53,8 @@ def wait_until(predicate: Any, timeout: float) -> bool:
     return bool(predicate())
 
 
-def make_device(kind: str, seed: int = 0) -> Any:
-    return fake(seed=seed, max_delay_s=0.002) if kind == "fake" else "cpu"
-
-
 # -- 5. early exit -----------------------------------------------------------------
-@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 @pytest.mark.parametrize("keep_reference", [False, True], ids=["no-ref", "held-ref"])
 @pytest.mark.parametrize("how", ["break", "close", "del"])
 def test_early_exit(how, keep_reference, device_kind):
@@ -247,7 +245,7 @@ class ModelError(Exception):
     pass
 
 
-@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 @pytest.mark.parametrize("fail_at", [0, 4])
 def test_consumer_failure_mid_epoch(device_kind, fail_at):
     triples = seq_triples(N, 10)

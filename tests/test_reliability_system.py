@@ -15,7 +15,16 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from test_reliability import Expected, SeqSource, Verifier, fake, make_table, seq_triples
+from test_reliability import (
+    ON_CUDA,
+    Expected,
+    SeqSource,
+    Verifier,
+    fake,
+    make_device,
+    make_table,
+    seq_triples,
+)
 
 import pingpong
 from pingpong import PingPongLoader
@@ -43,16 +52,21 @@ N = 400
     ],
     ids=lambda v: repr(v)[:28],
 )
-def test_bad_ids_are_refused_before_any_gather(ids, exc, needle):
-    """On the fake device: the error names the problem and no gather was enqueued."""
+@pytest.mark.parametrize("device_kind", ["fake", pytest.param("cuda", marks=ON_CUDA)])
+def test_bad_ids_are_refused_before_any_gather(ids, exc, needle, device_kind):
+    """The error names the problem, no gather was enqueued, the next epoch is intact.
+
+    On the fake device the enqueued gathers are counted; on a GPU a later
+    ``torch.cuda.synchronize()`` must not surface an asynchronous fault.
+    """
     triples = seq_triples(N, 4)
     features, labels = make_table(), make_table(N, (), torch.int64)
     expected = Expected(features, labels, triples)
+    good = list(triples)
     triples[2] = (ids, triples[2][1], triples[2][2])
-    device = fake(seed=1)
-    with PingPongLoader(
-        SeqSource(triples, shuffle=False), features, labels, device=device
-    ) as loader:
+    source = SeqSource(triples, shuffle=False)
+    with PingPongLoader(source, features, labels, device=make_device(device_kind, 1)) as loader:
+        device = loader._device
         verifier = Verifier(device, expected, stream_sleep_s=0.01)
         it = iter(loader)
         for _ in range(2):
@@ -61,9 +75,17 @@ def test_bad_ids_are_refused_before_any_gather(ids, exc, needle):
             next(it)
         assert needle in str(info.value)
         assert isinstance(info.value, pingpong.PingPongError)
-        assert device.calls["gather"] == 2 * 2  # batches 0 and 1 only
+        if device_kind == "fake":
+            assert device.calls["gather"] == 2 * 2  # batches 0 and 1 only
         verifier.resolve()
         assert verifier.corrupted == 0  # the batches before it are intact
+        source.triples = good
+        for batch in loader:  # the next epoch works
+            verifier.submit(batch)
+        verifier.resolve()
+        assert (verifier.checked, verifier.corrupted) == (2 + 4, 0)
+    if device_kind == "cuda":
+        torch.cuda.synchronize()  # no asynchronous fault was left behind
 
 
 def test_bad_output_ids_dtype_is_refused_when_labels_are_used():
@@ -183,17 +205,19 @@ def test_user_parallel_numba_while_the_producer_gathers():
 
 # -- 14. leaks ------------------------------------------------------------------------
 def _cycle(kind: str, features: torch.Tensor, triples: list, seed: int) -> None:
-    device = fake(seed=seed, max_delay_s=0.0005) if kind == "fake" else "cpu"
-    loader = PingPongLoader(triples, features, device=device)
+    loader = PingPongLoader(triples, features, device=make_device(kind, seed, 0.0005))
     for i, _batch in enumerate(loader):
         if i == 2:
             break
     loader.close()
 
 
-@pytest.mark.parametrize("kind", ["cpu", "fake"])
+@pytest.mark.parametrize("kind", ["cpu", "fake", pytest.param("cuda", marks=ON_CUDA)])
 def test_no_leak_over_100_lifecycles(kind):
-    """create / iterate / break / close x 100: RSS < 5 MB, fds and threads unchanged."""
+    """create / iterate / break / close x 100: RSS < 5 MB, fds and threads unchanged.
+
+    On a GPU also: no pinned-memory registration and no device memory survive.
+    """
     process = psutil.Process()
     features = make_table(2000, (32,))
     triples = seq_triples(2000, 6, max_inputs=256)
@@ -204,6 +228,7 @@ def test_no_leak_over_100_lifecycles(kind):
     rss0 = process.memory_info().rss
     fds0 = process.num_fds()
     threads0 = threading.active_count()
+    gpu0 = _gpu_memory_and_pins() if kind == "cuda" else None
     for i in range(100):
         _cycle(kind, features, triples, i)
     gc.collect()
@@ -212,6 +237,16 @@ def test_no_leak_over_100_lifecycles(kind):
     assert growth < 5 * 2**20, f"RSS grew by {growth / 2**20:.1f} MB"
     assert process.num_fds() == fds0
     assert threading.active_count() == threads0
+    if kind == "cuda":
+        assert _gpu_memory_and_pins() == gpu0  # (bytes allocated on the GPU, registered tables)
+        assert not features.is_pinned()
+
+
+def _gpu_memory_and_pins() -> tuple[int, int]:
+    from pingpong.kernels import _interop
+
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated(), _interop.registered_count()
 
 
 def wait_until_no_pingpong_threads(timeout: float = 3.0) -> bool:
