@@ -139,9 +139,13 @@ def render_markdown(report: dict[str, Any]) -> str:
         rows,
     )
     return (
-        f"Table {report['table']}, {report['gather_threads']} gather threads, medians of "
-        f"{report['rounds']} alternating rounds (see the script's docstring).\n\n"
-        f"{table}\n\n{describe_machine(report['machine'])}\n\nCommand: `{report['command']}`\n"
+        "# What checking the ids costs (CPU)\n\n"
+        f"```\n{report['command']}\n```\n\n"
+        f"Table {report['table']}, {report['gather_threads']} gather thread(s), medians of "
+        f"{report['rounds']} alternating rounds. `validation` = `host_ids` - `convert`: the "
+        "time the type, shape and range checks add to turning the ids into an array "
+        "(method in `benchmarks/validation.py`'s docstring).\n\n"
+        f"{table}\n\n{describe_machine(report['machine'])}\n"
     )
 
 
