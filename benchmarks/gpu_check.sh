@@ -12,6 +12,8 @@
 #             index_select vs pinned memcpy vs device-resident)
 #   epochs    GraphSAGE with the built-in sampler: the plain loop and each gather mode
 # Usage: benchmarks/gpu_check.sh OUTDIR [STEP...]   (default: all steps)
+# In a 15-minute device session, run the correctness steps in one call:
+#   benchmarks/gpu_check.sh OUT tests reliability memcheck-reliability   (limits: 8.5 min)
 # Writes at most 7 files: machine.txt, log.txt, epochs.json, epochs-large.json,
 # gather-cuda.{json,md,png}.
 set -u
@@ -44,7 +46,7 @@ for step in $steps; do
       run tests 150 $py -m pytest -q -p no:cacheprovider -W default \
         tests/test_cuda.py tests/test_kernels_cudasim.py ;;
     reliability)
-      run reliability 240 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
+      run reliability 180 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
         tests/test_reliability.py tests/test_reliability_lifecycle.py \
         tests/test_reliability_system.py ;;
     memcheck|memcheck-reliability)
@@ -54,7 +56,7 @@ for step in $steps; do
         run memcheck 90 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 3 \
           $py benchmarks/gpu_sanitize.py
       else
-        run memcheck-reliability 240 compute-sanitizer --tool memcheck --report-api-errors no \
+        run memcheck-reliability 180 compute-sanitizer --tool memcheck --report-api-errors no \
           --error-exitcode 3 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
           -k "bad_ids or leak" tests/test_reliability_system.py
       fi ;;
