@@ -309,6 +309,18 @@ def test_bit_identical_dict_features_without_labels_on_the_fake_device():
     assert (verifier.checked, verifier.corrupted) == (8, 0)
 
 
+def test_gpu_read_keeps_what_the_batch_held_when_it_was_queued():
+    """The GPU Verifier's read (here on CPU tensors): later writes do not reach it."""
+    x = {"a": make_table(6, (3,)), "b": make_table(6, (), torch.int64)}
+    batch = types.SimpleNamespace(x=x, y=torch.arange(6))
+    want = batch_digest(batch)
+    read = GpuRead(batch)
+    x["a"].fill_(0)
+    batch.y.fill_(-1)
+    assert read.result() == want
+    assert batch_digest(batch) != want
+
+
 # -- 2. exactly once, in order ------------------------------------------------------
 @pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 def test_exactly_once_in_order_over_many_epochs(device_kind):
