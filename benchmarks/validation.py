@@ -49,6 +49,7 @@ from _common import (
     describe_machine,
     machine_info,
     markdown_table,
+    plot_lines,
     write_results,
 )
 
@@ -150,25 +151,14 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def render_plot(report: dict[str, Any], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    xs = [r["batch_ids"] for r in report["results"]]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(xs, [r["validate_pct_of_gather"] for r in report["results"]], marker="o")
-    ax.axhline(3.0, color="grey", linestyle="--", label="goal: 3%")
-    ax.set_xscale("log")
-    ax.set_xlabel("ids per batch")
-    ax.set_ylabel("validation time, % of gather")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    results = report["results"]
+    series = {
+        "validation / gather": [(r["batch_ids"], r["validate_pct_of_gather"]) for r in results],
+        "goal: 3%": [(r["batch_ids"], 3.0) for r in results],
+    }
+    return plot_lines(
+        path, {"CPU device": series}, "ids per batch", "% of gather time", "What the id check costs"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,8 +48,10 @@ ON_CUDA = (
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 )
+#: The real-GPU case of a ``device_kind`` parametrization.
+CUDA_KIND = pytest.param("cuda", marks=ON_CUDA)
 #: The devices the loader-level reliability tests run on.
-DEVICE_KINDS = ["cpu", "fake", pytest.param("cuda", marks=ON_CUDA)]
+DEVICE_KINDS = ["cpu", "fake", CUDA_KIND]
 #: ``torch.cuda._sleep`` cycles per second of sleep (about one GPU clock; rough is fine).
 CUDA_SLEEP_CYCLES_PER_S = 1.5e9
 
@@ -379,10 +381,10 @@ def hash_sleep_hash(loader: PingPongLoader, expected: Expected, seed: int) -> Ve
 
 
 @pytest.mark.parametrize("num_buffers", [2, 3])
-@pytest.mark.parametrize("mode", ["zerocopy", "staged", "device"])
+@pytest.mark.parametrize(
+    "mode", [pytest.param(mode, marks=ON_CUDA) for mode in ("zerocopy", "staged", "device")]
+)
 @pytest.mark.parametrize("seed", [0, 1], ids=["seed0", "seed1"])
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_hash_sleep_hash_never_changes_on_gpu(mode, num_buffers, seed):
     """The same check on a real GPU: the reads are queued behind ``torch.cuda._sleep``.
 

@@ -16,7 +16,8 @@ import psutil
 import pytest
 import torch
 from test_reliability import (
-    ON_CUDA,
+    CUDA_KIND,
+    DEVICE_KINDS,
     Expected,
     SeqSource,
     Verifier,
@@ -52,7 +53,7 @@ N = 400
     ],
     ids=lambda v: repr(v)[:28],
 )
-@pytest.mark.parametrize("device_kind", ["fake", pytest.param("cuda", marks=ON_CUDA)])
+@pytest.mark.parametrize("device_kind", ["fake", CUDA_KIND])
 def test_bad_ids_are_refused_before_any_gather(ids, exc, needle, device_kind):
     """The error names the problem, no gather was enqueued, the next epoch is intact.
 
@@ -212,7 +213,7 @@ def _cycle(kind: str, features: torch.Tensor, triples: list, seed: int) -> None:
     loader.close()
 
 
-@pytest.mark.parametrize("kind", ["cpu", "fake", pytest.param("cuda", marks=ON_CUDA)])
+@pytest.mark.parametrize("kind", DEVICE_KINDS)
 def test_no_leak_over_100_lifecycles(kind):
     """create / iterate / break / close x 100: RSS < 5 MB, fds and threads unchanged.
 
