@@ -4,6 +4,7 @@
     python examples/train_sage.py --loader dgl          # plain loop: index_select per step
     python examples/train_sage.py --device cuda --gather zerocopy --feat-dtype float16
     python examples/train_sage.py --mlp                 # features-only baseline
+    python examples/train_sage.py --nprocs 2            # DDP: 2 ranks, one loader each
 
 ``--loader pingpong`` wraps the sampler's loader in :class:`pingpong.PingPongLoader`,
 which gathers features/labels into preallocated buffers in a background thread.
@@ -15,6 +16,13 @@ thread. Both see the same batches for the same ``--seed`` with
 Sampling uses DGL's ``NeighborSampler`` when DGL is installed and pingpong's
 built-in sampler otherwise (``--sampler`` picks). Evaluation samples
 neighbours of the val/test nodes with the training fanouts.
+
+``--nprocs N`` trains data-parallel: N processes (torch.distributed, gloo on
+the CPU, NCCL with one GPU per rank on CUDA), a DDP-wrapped model, and one
+loader per rank over that rank's share of the training nodes (``use_ddp=True``
+on the sampler's loader). The feature and label tables are put in shared
+memory once, so every rank gathers from the same pages. Rank 0 prints and
+evaluates; the speed it prints is rank 0's samples/sec times N.
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ import hashlib
 import importlib.util
 import json
 import math
+import os
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator
@@ -139,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="progress bar on stderr (auto: on a terminal, epochs of 50+ steps)")
     p.add_argument("--log-every", type=positive_int, default=20)
     p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
+    p.add_argument("--nprocs", type=positive_int, default=1,
+                   help="data-parallel ranks (torch.distributed + DDP), one loader each")
     # Test hook: per-step digests of everything the training step reads.
     p.add_argument("--dump-batches", type=Path, default=None, help=argparse.SUPPRESS)
     return p
@@ -220,17 +232,20 @@ def load_dataset(args: argparse.Namespace) -> Dataset:
 
 
 def make_source(data: Dataset, args: argparse.Namespace, idx: torch.Tensor, batch_size: int,
-                shuffle: bool) -> Iterable[Any]:
-    """A re-iterable of ``(input_nodes, output_nodes, blocks)`` triples on the CPU."""
+                shuffle: bool, use_ddp: bool = False) -> Iterable[Any]:
+    """A re-iterable of ``(input_nodes, output_nodes, blocks)`` triples on the CPU.
+
+    ``use_ddp``: only this rank's share of ``idx`` (same batch count on every rank).
+    """
     graph = data.sampling_graph(args.sampler)
     if args.sampler == "builtin":
         return BuiltinLoader(graph, idx, NeighborSampler(args.fanouts), batch_size,
-                             shuffle=shuffle, seed=args.seed)
+                             shuffle=shuffle, seed=args.seed, use_ddp=use_ddp)
     import dgl
 
     return dgl.dataloading.DataLoader(
         graph, idx, dgl.dataloading.NeighborSampler(args.fanouts), batch_size=batch_size,
-        shuffle=shuffle, drop_last=False, num_workers=args.num_workers)
+        shuffle=shuffle, drop_last=False, num_workers=args.num_workers, use_ddp=use_ddp)
 
 
 # --------------------------------------------------------------------------- loaders
@@ -299,9 +314,11 @@ def make_loader(source: Iterable[Any], data: Dataset, args: argparse.Namespace,
         return SyncLoader(source, data.features, data.labels, device)
     if not hasattr(pingpong, "PingPongLoader"):
         raise RuntimeError("pingpong.PingPongLoader is not available in this checkout")
+    # Several ranks on one machine share its cores: each gathers with its part.
+    gather_threads = None if args.nprocs == 1 else max(1, cpu_count() // (2 * args.nprocs))
     return pingpong.PingPongLoader(source, data.features, data.labels, device=str(device),
                                    num_buffers=args.num_buffers, gather=args.gather,
-                                   sort_ids=args.sort_ids)
+                                   gather_threads=gather_threads, sort_ids=args.sort_ids)
 
 
 # --------------------------------------------------------------------------- training
@@ -387,7 +404,31 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train(args: argparse.Namespace, data: Dataset, device: torch.device) -> dict[str, Any]:
+def cpu_count() -> int:
+    return os.cpu_count() or 2
+
+
+@dataclass
+class Rank:
+    """Where this process stands in a ``--nprocs`` job (rank 0 of 1 otherwise)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            torch.distributed.barrier()
+
+
+def train(args: argparse.Namespace, data: Dataset, device: torch.device,
+          ranks: Rank | None = None) -> dict[str, Any]:
+    """Train and evaluate; with several ranks, rank 0 prints, evaluates and reports."""
+    ranks = ranks or Rank()
+    log = print if ranks.leader else _quiet
     torch.manual_seed(args.seed)
     if args.sampler == "dgl":
         import dgl
@@ -397,18 +438,25 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device) -> dict
     model_cls = MLP if args.mlp else SAGE
     model = model_cls(in_feats, args.hidden, data.num_classes, len(args.fanouts),
                       args.dropout).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    net: torch.nn.Module = model
+    if ranks.world_size > 1:  # averages gradients across ranks at every backward()
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.Adam(net.parameters(), lr=args.lr)
     scaler = make_grad_scaler(enabled=args.amp == "fp16" and device.type == "cuda")
 
     train_loader = make_loader(
-        make_source(data, args, data.train_idx, args.batch_size, shuffle=True), data, args,
-        device)
-    val_loader = make_loader(
-        make_source(data, args, data.val_idx, args.eval_batch_size, shuffle=False), data,
-        args, device)
-    test_loader = make_loader(
-        make_source(data, args, data.test_idx, args.eval_batch_size, shuffle=False), data,
-        args, device)
+        make_source(data, args, data.train_idx, args.batch_size, shuffle=True,
+                    use_ddp=ranks.world_size > 1), data, args, device)
+    # Evaluation runs on rank 0 alone, over all val/test nodes.
+    val_loader = test_loader = None
+    if ranks.leader:
+        val_loader = make_loader(
+            make_source(data, args, data.val_idx, args.eval_batch_size, shuffle=False), data,
+            args, device)
+        test_loader = make_loader(
+            make_source(data, args, data.test_idx, args.eval_batch_size, shuffle=False), data,
+            args, device)
     epoch_times: list[float] = []
     losses: list[float] = []
     digests: list[str] = []
@@ -423,7 +471,7 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device) -> dict
                 if args.dump_batches is not None:
                     digests.append(batch_digest(batch))
                 with autocast(args, device):
-                    logits = model(batch.blocks, batch.x)
+                    logits = net(batch.blocks, batch.x)
                     loss = F.cross_entropy(logits.float(), batch.y)
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
@@ -434,24 +482,27 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device) -> dict
                 if (step + 1) % args.log_every == 0:
                     acc = float((logits.argmax(1) == batch.y).float().mean())
                     now = time.perf_counter()
-                    print(f"Epoch {epoch:05d} | Step {step + 1:05d} | Loss {losses[-1]:.4f} | "
-                          f"Train Acc {acc:.4f} | Speed (samples/sec) "
-                          f"{seen_since_log / (now - t_log):.1f}{gpu_column(device)}",
-                          flush=True)
+                    speed = seen_since_log * ranks.world_size / (now - t_log)
+                    log(f"Epoch {epoch:05d} | Step {step + 1:05d} | Loss {losses[-1]:.4f} | "
+                        f"Train Acc {acc:.4f} | Speed (samples/sec) "
+                        f"{speed:.1f}{gpu_column(device)}", flush=True)
                     t_log, seen_since_log = now, 0
             sync(device)
             epoch_times.append(time.perf_counter() - t_epoch)
-            print(f"Epoch Time(s): {epoch_times[-1]:.4f}", flush=True)
-            val_acc = evaluate(model, val_loader, args, device)
-            print(f"Eval Acc {val_acc:.4f}", flush=True)
-        test_acc = evaluate(model, test_loader, args, device)
-        print(f"Test Acc: {test_acc:.4f}", flush=True)
+            log(f"Epoch Time(s): {epoch_times[-1]:.4f}", flush=True)
+            if val_loader is not None:
+                val_acc = evaluate(model, val_loader, args, device)
+                log(f"Eval Acc {val_acc:.4f}", flush=True)
+            ranks.barrier()
+        test_acc = evaluate(model, test_loader, args, device) if test_loader is not None else 0.0
+        log(f"Test Acc: {test_acc:.4f}", flush=True)
         stats = dict(train_loader.stats)
     finally:
         for loader in (train_loader, val_loader, test_loader):
-            loader.close()
+            if loader is not None:
+                loader.close()
     if args.dump_batches is not None:
-        args.dump_batches.write_text(json.dumps(digests))
+        rank_dump_path(args.dump_batches, ranks).write_text(json.dumps(digests))
     n_train = int(data.train_idx.shape[0])
     return {
         "epoch_times": epoch_times,
@@ -462,9 +513,52 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device) -> dict
         "device": str(device),
         "sampler": args.sampler,
         "model": "mlp" if args.mlp else "sage",
+        "world_size": ranks.world_size,
         "losses": losses,
         "stats": _jsonable(stats),
     }
+
+
+def _quiet(*_args: Any, **_kwargs: Any) -> None:
+    """``print`` for ranks other than 0."""
+
+
+def rank_dump_path(path: Path, ranks: Rank) -> Path:
+    """``--dump-batches`` file of this rank: ``path`` itself on rank 0 of 1."""
+    if ranks.world_size == 1:
+        return path
+    return path.with_name(f"{path.stem}.rank{ranks.rank}{path.suffix}")
+
+
+def run_rank(rank: int, world_size: int, args: argparse.Namespace, data: Dataset,
+             init_file: str) -> None:
+    """One ``--nprocs`` rank (started by ``torch.multiprocessing.spawn``)."""
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, cpu_count() // world_size))
+    warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
+    torch.distributed.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", init_method=f"file://{init_file}",
+        rank=rank, world_size=world_size)
+    try:
+        result = train(args, data, device, Rank(rank, world_size))
+        if rank == 0 and args.json is not None:
+            args.json.write_text(json.dumps(result, indent=2))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def train_data_parallel(args: argparse.Namespace, data: Dataset) -> None:
+    """Spawn ``args.nprocs`` ranks that share ``data``'s tables (in shared memory)."""
+    data.features.share_memory_()
+    data.labels.share_memory_()
+    with tempfile.TemporaryDirectory(prefix="train_sage_ddp_") as tmp:
+        torch.multiprocessing.spawn(
+            run_rank, args=(args.nprocs, args, data, os.path.join(tmp, "init")),
+            nprocs=args.nprocs, join=True)
 
 
 def _jsonable(value: Any) -> Any:
@@ -497,6 +591,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--amp fp16 needs --device cuda (use --amp bf16 on the CPU)")
     if args.sort_ids and (args.device != "cuda" or args.gather not in ("auto", "zerocopy")):
         parser.error("--sort-ids applies to --device cuda with --gather zerocopy (or auto)")
+    if args.nprocs > 1 and args.device == "cuda" and args.nprocs > torch.cuda.device_count():
+        parser.error(f"--nprocs {args.nprocs} --device cuda: this machine has "
+                     f"{torch.cuda.device_count()} GPU(s), one per rank is needed")
     device = torch.device(args.device)
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
 
@@ -514,7 +611,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{data.features.shape[1]} features, {data.num_classes} classes, "
           f"{len(data.train_idx)}/{len(data.val_idx)}/{len(data.test_idx)} train/val/test | "
           f"loader {args.loader} | sampler {args.sampler} | device {device} | "
-          f"model {'MLP' if args.mlp else 'SAGE'}", flush=True)
+          f"model {'MLP' if args.mlp else 'SAGE'}"
+          + (f" | {args.nprocs} ranks (DDP)" if args.nprocs > 1 else ""), flush=True)
+    if args.nprocs > 1:
+        train_data_parallel(args, data)
+        return 0
     result = train(args, data, device)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))

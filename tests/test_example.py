@@ -106,6 +106,31 @@ def test_graph_file_dgl_blocks_bf16_through_pingpong(tmp_path: Path) -> None:
     assert result["test_acc"] > CHANCE + 0.2
 
 
+@pytest.mark.slow  # two runs of two spawned ranks each (~15 s a run)
+def test_two_ddp_ranks_see_the_same_batches_through_pingpong_and_the_plain_loop(
+        tmp_path: Path) -> None:
+    """--nprocs 2: per rank, pingpong's batches equal the plain loop's bit for bit."""
+    runs = {}
+    for loader in ("dgl", "pingpong"):
+        dump = tmp_path / f"{loader}.json"
+        result, stdout = run_example(tmp_path, loader, *TINY, "--nprocs", "2",
+                                     "--loader", loader, "--dump-batches", str(dump))
+        ranks = [json.loads((tmp_path / f"{loader}.rank{r}.json").read_text())
+                 for r in range(2)]
+        runs[loader] = result, ranks
+        assert "| 2 ranks (DDP)" in stdout
+        assert len(re.findall(r"^Epoch Time\(s\): ", stdout, re.M)) == 3  # rank 0 only
+        assert result["world_size"] == 2
+        assert result["test_acc"] > CHANCE + 0.3
+        # 1,200 training nodes split over two ranks: 600 seeds, 10 batches of 64 per epoch.
+        assert [len(r) for r in ranks] == [30, 30]
+        assert not set(ranks[0]) & set(ranks[1])  # the ranks trained on different batches
+    (plain, plain_ranks), (ours, our_ranks) = runs["dgl"], runs["pingpong"]
+    assert our_ranks == plain_ranks
+    assert ours["losses"] == plain["losses"]
+    assert ours["test_acc"] == plain["test_acc"]
+
+
 # --------------------------------------------------------------------------- CLI errors
 @pytest.fixture
 def script(monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -119,6 +144,7 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Any:
     ["--fanouts", "10,x"], ["--fanouts", "10,0"], ["--fanouts", ""], ["--loader", "torch"],
     ["--epochs", "0"], ["--batch-size", "-3"], ["--gather", "gpu"], ["--amp", "fp8"],
     ["--feat-dtype", "int8"], ["--lr", "0"], ["--dropout", "1.5"], ["--no-such-flag"],
+    ["--nprocs", "0"],
 ])
 def test_bad_flags_are_argparse_errors(script: Any, argv: list[str],
                                        capsys: pytest.CaptureFixture[str]) -> None:

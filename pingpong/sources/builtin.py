@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..blocks import EdgeBlock
+from ._shard import ddp_rank_and_world_size, seeds_per_rank, shard_seeds
 
 __all__ = ["BuiltinLoader", "CSRGraph", "NeighborSampler", "SampledTriple"]
 
@@ -342,6 +343,14 @@ class BuiltinLoader:
     loaders built alike yield identical epochs. Use :meth:`set_epoch` to pick
     the next epoch explicitly (e.g. to resume).
 
+    Data-parallel training: with ``use_ddp=True`` (DGL's name for the same
+    option) each rank of a torch.distributed job yields only its share of
+    every epoch, and all ranks yield the same number of batches (see
+    :mod:`pingpong.sources._shard`: padding with repeated seeds, or dropping a
+    few with ``drop_last``).  All ranks must be built with the same
+    ``seed_nodes``, ``shuffle`` and ``seed``: they shuffle with the same
+    permutation and then split it, so their shares are disjoint.
+
     Args:
         graph: the graph to sample from.
         seed_nodes: distinct node ids to train on (1-D integers).
@@ -350,6 +359,10 @@ class BuiltinLoader:
         shuffle: reshuffle the seeds each epoch.
         drop_last: drop the last batch if it is smaller than ``batch_size``.
         seed: base integer seed.
+        use_ddp: split each epoch across the ranks of the default
+            torch.distributed process group (``init_process_group`` must have
+            run; ``RuntimeError`` otherwise).  Rank and world size are read
+            once, here.
 
     Yields ``(input_nodes, output_nodes, blocks)``: int64 CPU tensors and a
     list of CPU :class:`EdgeBlock`, freshly allocated per batch.
@@ -364,6 +377,7 @@ class BuiltinLoader:
         shuffle: bool = False,
         drop_last: bool = False,
         seed: int = 0,
+        use_ddp: bool = False,
     ) -> None:
         if not isinstance(graph, CSRGraph):
             raise TypeError(f"graph must be a CSRGraph, got {type(graph).__name__}")
@@ -384,6 +398,13 @@ class BuiltinLoader:
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self.seed = seed
+        self.use_ddp = bool(use_ddp)
+        self.rank, self.world_size = ddp_rank_and_world_size() if self.use_ddp else (0, 1)
+        if seeds_per_rank(seeds.shape[0], self.world_size, self.drop_last) == 0 and self.use_ddp:
+            raise ValueError(
+                f"use_ddp: {seeds.shape[0]} seed nodes leave rank {self.rank} of "
+                f"{self.world_size} with none"
+            )
         self._epoch = 0
 
     @property
@@ -398,7 +419,8 @@ class BuiltinLoader:
         self._epoch = epoch
 
     def __len__(self) -> int:
-        n = self.seed_nodes.shape[0]
+        """Batches per epoch on this rank (the same on every rank)."""
+        n = seeds_per_rank(self.seed_nodes.shape[0], self.world_size, self.drop_last)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[SampledTriple]:
@@ -410,15 +432,20 @@ class BuiltinLoader:
                 int(np.random.SeedSequence([self.seed, epoch, 0]).generate_state(1)[0])
             )
             seeds = seeds[torch.randperm(seeds.shape[0], generator=gen)]
+        seeds = shard_seeds(seeds, self.rank, self.world_size, self.drop_last)
+        # A rank's neighbour draws are keyed on its rank too (single-process keys unchanged).
+        batch_key = [self.seed, epoch, 1] + ([self.rank] if self.world_size > 1 else [])
         return _epoch_batches(
-            self.graph, seeds, self.sampler, self.batch_size, len(self), self.seed, epoch
+            self.graph, seeds, self.sampler, self.batch_size, len(self), batch_key
         )
 
     def __repr__(self) -> str:
         return (
             f"BuiltinLoader(num_seeds={self.seed_nodes.shape[0]}, {self.sampler!r}, "
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, "
-            f"drop_last={self.drop_last}, seed={self.seed})"
+            f"drop_last={self.drop_last}, seed={self.seed}"
+            + (f", rank={self.rank}/{self.world_size}" if self.use_ddp else "")
+            + ")"
         )
 
 
@@ -428,11 +455,13 @@ def _epoch_batches(
     sampler: NeighborSampler,
     batch_size: int,
     num_batches: int,
-    seed: int,
-    epoch: int,
+    batch_key: list[int],
 ) -> Iterator[SampledTriple]:
-    """The batches of one epoch (a free function: holds no loader reference)."""
+    """The batches of one epoch (a free function: holds no loader reference).
+
+    Batch ``b``'s neighbour draws are seeded with ``batch_key + [b]``.
+    """
     node_map = np.full(graph.num_nodes, -1, dtype=np.int64)
     for b in range(num_batches):
         batch = seeds[b * batch_size : (b + 1) * batch_size]
-        yield sampler._sample(graph, batch, [seed, epoch, 1, b], node_map)
+        yield sampler._sample(graph, batch, [*batch_key, b], node_map)

@@ -1,0 +1,130 @@
+"""Data-parallel training: one PingPongLoader per rank of a real torch.distributed job.
+
+The multi-process tests start ``_subprocess_scripts/ddp_ranks.py``, which
+spawns a gloo process group of two ranks that gather from one feature table
+in shared memory and train a DDP model; the checks on what each rank saw are
+made here.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pingpong.sources import BuiltinLoader, NeighborSampler, make_synthetic_graph
+from pingpong.sources._shard import seeds_per_rank, shard_seeds
+
+SCRIPT = Path(__file__).resolve().parent / "_subprocess_scripts" / "ddp_ranks.py"
+HAVE_DGL = importlib.util.find_spec("dgl") is not None
+WORLD_SIZE = 2
+
+
+# --------------------------------------------------------------------------- sharding
+@given(n=st.integers(1, 60), world=st.integers(1, 7), drop_last=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_shards_are_equal_sized_and_cover_the_epoch(n: int, world: int, drop_last: bool,
+                                                    seed: int) -> None:
+    seeds = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) * 10 + 7
+    shares = [shard_seeds(seeds, r, world, drop_last) for r in range(world)]
+    per_rank = seeds_per_rank(n, world, drop_last)
+    assert all(s.shape == (per_rank,) and s.is_contiguous() for s in shares)
+    counts = collections.Counter(torch.cat(shares).tolist())
+    if drop_last:
+        kept = seeds[: world * (n // world)].tolist()
+        assert counts == collections.Counter(kept)  # each kept seed exactly once
+    else:
+        assert set(counts) == set(seeds.tolist())  # none left out
+        assert sum(counts.values()) == world * math.ceil(n / world)
+        padding = world * math.ceil(n / world) - n
+        assert sum(c - 1 for c in counts.values()) == padding
+
+
+def test_shard_pads_a_tiny_epoch_by_repeating_it() -> None:
+    seeds = torch.tensor([5, 9])
+    assert [shard_seeds(seeds, r, 5, False).tolist() for r in range(5)] == [
+        [5], [9], [5], [9], [5]]
+    assert [shard_seeds(seeds, r, 5, True).tolist() for r in range(5)] == [[]] * 5
+
+
+@pytest.mark.parametrize(("rank", "world"), [(-1, 2), (2, 2), (0, 0)])
+def test_shard_rejects_a_bad_rank(rank: int, world: int) -> None:
+    with pytest.raises(ValueError, match="rank"):
+        shard_seeds(torch.arange(4), rank, world, False)
+
+
+def test_builtin_use_ddp_without_a_process_group_says_what_to_call() -> None:
+    data = make_synthetic_graph(num_nodes=200, num_classes=2, feat_dim=4, seed=0)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        BuiltinLoader(data.to_csr(), data.train_idx, NeighborSampler([3]), 16, use_ddp=True)
+
+
+def test_builtin_without_ddp_is_one_rank_of_one() -> None:
+    data = make_synthetic_graph(num_nodes=200, num_classes=2, feat_dim=4, seed=0)
+    loader = BuiltinLoader(data.to_csr(), data.train_idx, NeighborSampler([3]), 16)
+    assert (loader.rank, loader.world_size, loader.use_ddp) == (0, 1, False)
+    outputs = torch.cat([out for _, out, _ in loader])
+    assert torch.equal(outputs, data.train_idx)
+
+
+# --------------------------------------------------------------------------- real DDP
+def run_ranks(kind: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """Run the gloo job; return each rank's JSON report, rank order."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # Its own process group, so that a hung job's ranks are killed with it.
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(WORLD_SIZE), kind, str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"the DDP job hung (ranks out of step?):\n{output}")
+    assert proc.returncode == 0, output
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+
+
+@pytest.mark.slow  # two spawned ranks import torch (and DGL): ~15 s
+@pytest.mark.parametrize("kind", [
+    "builtin",
+    pytest.param("dgl", marks=[pytest.mark.dgl,
+                               pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")]),
+])
+def test_each_rank_gets_its_share_exactly_and_ddp_stays_in_step(kind: str,
+                                                                 tmp_path: Path) -> None:
+    reports = run_ranks(kind, tmp_path)
+    train_idx = reports[0]["train_idx"]
+    n = len(train_idx)
+    per_rank = math.ceil(n / WORLD_SIZE)
+    assert n % WORLD_SIZE, "the job must exercise padding"
+    for report in reports:
+        assert report["features_shared"]  # every rank gathered from the parent's table
+        # Every batch equalled the synchronous reference bit for bit.
+        assert [e["mismatches"] for e in report["epochs"]] == [0, 0]
+        assert report["batches_stat"] == sum(len(e["outputs"]) for e in report["epochs"])
+        orders = [[n for batch in e["outputs"] for n in batch] for e in report["epochs"]]
+        assert orders[0] != orders[1], "epochs were not reshuffled"
+    for epoch in range(2):
+        shares = [r["epochs"][epoch]["outputs"] for r in reports]
+        # Same number of batches on every rank, or DDP's all-reduce would hang.
+        assert len({len(s) for s in shares}) == 1
+        counts = collections.Counter(node for s in shares for batch in s for node in batch)
+        assert set(counts) == set(train_idx)
+        assert sum(counts.values()) == WORLD_SIZE * per_rank
+        assert sum(c - 1 for c in counts.values()) == WORLD_SIZE * per_rank - n
+    # DDP averaged the gradients: every rank ends with the same trained weights.
+    assert len({r["params_sha256"] for r in reports}) == 1
+    assert all(r["params_changed"] for r in reports)
