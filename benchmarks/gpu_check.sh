@@ -6,6 +6,8 @@
 #   reliability  the reliability suite's GPU cases (tests/test_reliability*.py -m cuda):
 #             exactly-once in order, hash / torch.cuda._sleep / hash in every gather
 #             mode, early exit, consumer failure, bad ids, 100-lifecycle leaks
+#   ddp       two torch.distributed (gloo) ranks on the one GPU, each page-locking the
+#             parent's shared-memory table for its zero-copy gather (tests/test_distributed.py)
 #   memcheck  compute-sanitizer memcheck on a small workload (if the tool works here)
 #   memcheck-reliability  memcheck on the out-of-range and leak tests of that suite
 #   gather    benchmarks/gather.py --device cuda (zero-copy vs staged vs pinned
@@ -14,12 +16,13 @@
 # Usage: benchmarks/gpu_check.sh OUTDIR [STEP...]   (default: all steps)
 # In a 15-minute device session, run the correctness steps in one call:
 #   benchmarks/gpu_check.sh OUT tests reliability memcheck-reliability   (limits: 8.5 min)
+# and `ddp` (limit 1.5 min) if the session has the time.
 # Writes at most 7 files: machine.txt, log.txt, epochs.json, epochs-large.json,
 # gather-cuda.{json,md,png}.
 set -u
 out=${1:?usage: benchmarks/gpu_check.sh OUTDIR [STEP...]}
 shift
-steps=${*:-tests reliability memcheck memcheck-reliability gather epochs epochs-large}
+steps=${*:-tests reliability ddp memcheck memcheck-reliability gather epochs epochs-large}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -49,6 +52,9 @@ for step in $steps; do
       run reliability 180 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
         tests/test_reliability.py tests/test_reliability_lifecycle.py \
         tests/test_reliability_system.py ;;
+    ddp)
+      run ddp 90 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
+        tests/test_distributed.py ;;
     memcheck|memcheck-reliability)
       if ! command -v compute-sanitizer >/dev/null; then
         echo "compute-sanitizer not found: $step skipped" | tee -a "$log"

@@ -80,11 +80,12 @@ def test_builtin_without_ddp_is_one_rank_of_one() -> None:
 
 
 # --------------------------------------------------------------------------- real DDP
-def run_ranks(kind: str, tmp_path: Path) -> list[dict[str, Any]]:
+def run_ranks(kind: str, tmp_path: Path, device: str = "cpu") -> list[dict[str, Any]]:
     """Run the gloo job; return each rank's JSON report, rank order."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # Its own process group, so that a hung job's ranks are killed with it.
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(WORLD_SIZE), kind, str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(WORLD_SIZE), kind, str(tmp_path),
+                             device],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, start_new_session=True)
     try:
@@ -106,6 +107,21 @@ def run_ranks(kind: str, tmp_path: Path) -> list[dict[str, Any]]:
 def test_each_rank_gets_its_share_exactly_and_ddp_stays_in_step(kind: str,
                                                                  tmp_path: Path) -> None:
     reports = run_ranks(kind, tmp_path)
+    assert {(r["device"], r["gather_mode"]) for r in reports} == {("cpu", "cpu")}
+    check_ddp_reports(reports)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_two_ranks_on_one_gpu_gather_from_one_shared_pinned_table(tmp_path: Path) -> None:
+    """Each rank page-locks the parent's shared-memory table in its own process."""
+    reports = run_ranks("builtin", tmp_path, device="cuda")
+    assert {(r["device"], r["gather_mode"]) for r in reports} == {("cuda:0", "zerocopy")}
+    check_ddp_reports(reports)
+
+
+def check_ddp_reports(reports: list[dict[str, Any]]) -> None:
+    """What every DDP job must satisfy, whatever the source and device."""
     train_idx = reports[0]["train_idx"]
     n = len(train_idx)
     per_rank = math.ceil(n / WORLD_SIZE)
@@ -115,7 +131,7 @@ def test_each_rank_gets_its_share_exactly_and_ddp_stays_in_step(kind: str,
         # Every batch equalled the synchronous reference bit for bit.
         assert [e["mismatches"] for e in report["epochs"]] == [0, 0]
         assert report["batches_stat"] == sum(len(e["outputs"]) for e in report["epochs"])
-        orders = [[n for batch in e["outputs"] for n in batch] for e in report["epochs"]]
+        orders = [[node for batch in e["outputs"] for node in batch] for e in report["epochs"]]
         assert orders[0] != orders[1], "epochs were not reshuffled"
     for epoch in range(2):
         shares = [r["epochs"][epoch]["outputs"] for r in reports]

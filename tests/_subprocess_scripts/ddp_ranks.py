@@ -1,8 +1,11 @@
 """Parent of a real torch.distributed (gloo) job: one PingPongLoader per rank.
 
-Usage: ``python ddp_ranks.py WORLD_SIZE SOURCE OUT_DIR`` with SOURCE ``builtin``
-(:class:`pingpong.sources.BuiltinLoader` with ``use_ddp=True``) or ``dgl``
-(DGL's ``DataLoader`` with ``use_ddp=True``).
+Usage: ``python ddp_ranks.py WORLD_SIZE SOURCE OUT_DIR [DEVICE]`` with SOURCE
+``builtin`` (:class:`pingpong.sources.BuiltinLoader` with ``use_ddp=True``) or
+``dgl`` (DGL's ``DataLoader`` with ``use_ddp=True``), and DEVICE ``cpu``
+(default) or ``cuda``: every rank then delivers batches on ``cuda:0`` with the
+``zerocopy`` gather, so each rank page-locks the same shared-memory table in
+its own process (the model stays on the CPU: gloo, one GPU).
 
 The parent builds the feature and label tables once, in shared memory, and
 spawns WORLD_SIZE ranks that all gather from those same pages.  Each rank
@@ -52,7 +55,7 @@ def make_source(kind: str, graph, train_idx: torch.Tensor):
 
 
 def rank_main(rank: int, world: int, kind: str, out_dir: str, init_file: str,
-              features: torch.Tensor, labels: torch.Tensor) -> None:
+              features: torch.Tensor, labels: torch.Tensor, device: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
@@ -67,23 +70,25 @@ def rank_main(rank: int, world: int, kind: str, out_dir: str, init_file: str,
         initial = [p.detach().clone() for p in model.parameters()]
         epochs = []
         source = make_source(kind, graph, train_idx)
-        with PingPongLoader(source, features, labels, device="cpu", gather_threads=1,
+        with PingPongLoader(source, features, labels, device=device, gather_threads=1,
                             debug=True) as loader:
             for _ in range(EPOCHS):
                 outputs, mismatches = [], 0
                 for batch in loader:
-                    same = (torch.equal(bits(batch.x), bits(features[batch.input_nodes]))
-                            and torch.equal(bits(batch.y), bits(labels[batch.output_nodes])))
+                    x, y = batch.x.cpu(), batch.y.cpu()
+                    same = (torch.equal(bits(x), bits(features[batch.input_nodes.cpu()]))
+                            and torch.equal(bits(y), bits(labels[batch.output_nodes.cpu()])))
                     mismatches += not same
                     outputs.append(batch.output_nodes.tolist())
                     # Output nodes are the prefix of input nodes (DGL's convention).
-                    logits = model(batch.x[: batch.y.shape[0]])
-                    loss = torch.nn.functional.cross_entropy(logits, batch.y)
+                    logits = model(x[: y.shape[0]])
+                    loss = torch.nn.functional.cross_entropy(logits, y)
                     opt.zero_grad()
                     loss.backward()  # all-reduce: hangs if ranks' batch counts differ
                     opt.step()
                 epochs.append({"outputs": outputs, "mismatches": mismatches})
             stats = loader.stats
+            delivered_on = str(loader.device), loader.gather_mode
         params = b"".join(bits(p.detach()).numpy().tobytes() for p in model.parameters())
         result = {
             "rank": rank,
@@ -91,6 +96,8 @@ def rank_main(rank: int, world: int, kind: str, out_dir: str, init_file: str,
             "epochs": epochs,
             "train_idx": train_idx.tolist(),
             "features_shared": bool(features.is_shared()),
+            "device": delivered_on[0],
+            "gather_mode": delivered_on[1],
             "params_sha256": hashlib.sha256(params).hexdigest(),
             "params_changed": any(not torch.equal(a, b.detach())
                                   for a, b in zip(initial, model.parameters(), strict=True)),
@@ -104,11 +111,12 @@ def rank_main(rank: int, world: int, kind: str, out_dir: str, init_file: str,
 
 def main() -> None:
     world, kind, out_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
     graph = make_synthetic_graph(num_nodes=NUM_NODES, num_classes=4, feat_dim=8, seed=1)
     features = graph.features.share_memory_()
     labels = graph.labels.share_memory_()
     init_file = str(Path(out_dir, "dist_init"))
-    mp.spawn(rank_main, args=(world, kind, out_dir, init_file, features, labels),
+    mp.spawn(rank_main, args=(world, kind, out_dir, init_file, features, labels, device),
              nprocs=world, join=True)
 
 
