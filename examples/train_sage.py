@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import hashlib
 import importlib.util
 import json
@@ -419,9 +420,12 @@ class Rank:
     def leader(self) -> bool:
         return self.rank == 0
 
-    def barrier(self) -> None:
+    def barrier(self, device: torch.device) -> None:
         if self.world_size > 1:
-            torch.distributed.barrier()
+            if device.type == "cuda":  # NCCL: name the GPU rather than let it guess
+                torch.distributed.barrier(device_ids=[device.index])
+            else:
+                torch.distributed.barrier()
 
 
 def train(args: argparse.Namespace, data: Dataset, device: torch.device,
@@ -493,7 +497,7 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
             if val_loader is not None:
                 val_acc = evaluate(model, val_loader, args, device)
                 log(f"Eval Acc {val_acc:.4f}", flush=True)
-            ranks.barrier()
+            ranks.barrier(device)  # the others wait while rank 0 evaluates
         test_acc = evaluate(model, test_loader, args, device) if test_loader is not None else 0.0
         log(f"Test Acc: {test_acc:.4f}", flush=True)
         stats = dict(train_loader.stats)
@@ -538,11 +542,13 @@ def run_rank(rank: int, world_size: int, args: argparse.Namespace, data: Dataset
         device = torch.device("cuda", rank)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(max(1, cpu_count() // world_size))
+    torch.set_num_threads(max(1, cpu_count() // world_size))  # ranks share the cores
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
+    # While rank 0 evaluates, the others wait in a barrier: allow 30 minutes
+    # (NCCL's default is 10).
     torch.distributed.init_process_group(
         "nccl" if device.type == "cuda" else "gloo", init_method=f"file://{init_file}",
-        rank=rank, world_size=world_size)
+        rank=rank, world_size=world_size, timeout=datetime.timedelta(minutes=30))
     try:
         result = train(args, data, device, Rank(rank, world_size))
         if rank == 0 and args.json is not None:
@@ -552,7 +558,11 @@ def run_rank(rank: int, world_size: int, args: argparse.Namespace, data: Dataset
 
 
 def train_data_parallel(args: argparse.Namespace, data: Dataset) -> None:
-    """Spawn ``args.nprocs`` ranks that share ``data``'s tables (in shared memory)."""
+    """Spawn ``args.nprocs`` ranks that share ``data``'s tables (in shared memory).
+
+    ``spawn`` would move the tables into shared memory anyway when it passes
+    them to the ranks; doing it here says so.
+    """
     data.features.share_memory_()
     data.labels.share_memory_()
     with tempfile.TemporaryDirectory(prefix="train_sage_ddp_") as tmp:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -41,6 +42,8 @@ def test_shards_are_equal_sized_and_cover_the_epoch(n: int, world: int, drop_las
     shares = [shard_seeds(seeds, r, world, drop_last) for r in range(world)]
     per_rank = seeds_per_rank(n, world, drop_last)
     assert all(s.shape == (per_rank,) and s.is_contiguous() for s in shares)
+    # No rank gets a seed twice (a sampled batch needs distinct seeds).
+    assert all(len(set(s.tolist())) == per_rank for s in shares)
     counts = collections.Counter(torch.cat(shares).tolist())
     if drop_last:
         kept = seeds[: world * (n // world)].tolist()
@@ -79,9 +82,78 @@ def test_builtin_without_ddp_is_one_rank_of_one() -> None:
     assert torch.equal(outputs, data.train_idx)
 
 
+@pytest.fixture(scope="module")
+def small_graph() -> Any:
+    return make_synthetic_graph(num_nodes=300, num_classes=2, feat_dim=4, avg_degree=4, seed=0)
+
+
+@pytest.mark.parametrize("n", [1, 5, 17, 64])
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_sharded_builtin_loaders_agree_on_length_and_split_the_epoch(
+        small_graph: Any, n: int, world: int, drop_last: bool) -> None:
+    seeds = small_graph.train_idx[:n]
+    csr, sampler = small_graph.to_csr(), NeighborSampler([3])
+    if seeds_per_rank(n, world, drop_last) == 0:
+        with pytest.raises(ValueError, match="with none"):
+            BuiltinLoader(csr, seeds, sampler, 4, drop_last=drop_last, num_replicas=world,
+                          rank=0)
+        return
+    loaders = [BuiltinLoader(csr, seeds, sampler, 4, shuffle=True, drop_last=drop_last,
+                             seed=1, num_replicas=world, rank=r) for r in range(world)]
+    assert repr(loaders[1]).endswith(f"rank=1/{world})")
+    for _ in range(2):  # two epochs: each reshuffles, all ranks alike
+        epochs = [list(loader) for loader in loaders]
+        assert all(len(batches) == len(loaders[0]) for batches in epochs)
+        shares = [[node for _, out, _ in batches for node in out.tolist()]
+                  for batches in epochs]
+        assert all(len(set(share)) == len(share) for share in shares)
+        together = collections.Counter(node for share in shares for node in share)
+        if drop_last:  # whole batches of 4 only, out of the n // world seeds per rank
+            assert len(loaders[0]) == (n // world) // 4
+            assert sum(together.values()) == world * len(loaders[0]) * 4
+            assert all(c == 1 for c in together.values())
+        else:
+            assert len(loaders[0]) == math.ceil(math.ceil(n / world) / 4)
+            assert set(together) == set(seeds.tolist())
+            assert sum(together.values()) == world * math.ceil(n / world)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(num_replicas=2), "both num_replicas and rank"),
+    (dict(rank=0), "both num_replicas and rank"),
+    (dict(num_replicas=2, rank=2), "0 <= rank < num_replicas"),
+    (dict(num_replicas=0, rank=0), "0 <= rank < num_replicas"),
+    (dict(num_replicas=2, rank=-1), "0 <= rank < num_replicas"),
+    (dict(num_replicas=2.0, rank=0), "num_replicas must be an int"),
+    (dict(num_replicas=2, rank=True), "rank must be an int"),
+])
+def test_bad_rank_arguments_are_refused(small_graph: Any, kwargs: dict[str, Any],
+                                        match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        BuiltinLoader(small_graph.to_csr(), small_graph.train_idx, NeighborSampler([3]), 4,
+                      **kwargs)
+
+
+def test_one_process_draws_are_keyed_as_before_sharding_existed(small_graph: Any) -> None:
+    """Unsharded epoch e, batch b: the seed order of the epoch, draws keyed [seed, e, 1, b]."""
+    csr, sampler = small_graph.to_csr(), NeighborSampler([3, 2])
+    seeds = small_graph.train_idx[:40]
+    loader = BuiltinLoader(csr, seeds, sampler, 16, seed=5)
+    loader.set_epoch(3)
+    node_map = np.full(csr.num_nodes, -1, dtype=np.int64)
+    for b, (inputs, outputs, blocks) in enumerate(loader):
+        ref_in, ref_out, ref_blocks = sampler._sample(csr, seeds[b * 16:(b + 1) * 16],
+                                                      [5, 3, 1, b], node_map)
+        assert torch.equal(inputs, ref_in)
+        assert torch.equal(outputs, ref_out)
+        assert all(torch.equal(x.src, y.src) and torch.equal(x.dst, y.dst)
+                   for x, y in zip(blocks, ref_blocks, strict=True))
+
+
 # --------------------------------------------------------------------------- real DDP
 def run_ranks(kind: str, tmp_path: Path, device: str = "cpu") -> list[dict[str, Any]]:
-    """Run the gloo job; return each rank's JSON report, rank order."""
+    """Run the gloo job; return each rank's JSON report (rank order), then the parent's."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     # Its own process group, so that a hung job's ranks are killed with it.
     proc = subprocess.Popen([sys.executable, str(SCRIPT), str(WORLD_SIZE), kind, str(tmp_path),
@@ -95,7 +167,8 @@ def run_ranks(kind: str, tmp_path: Path, device: str = "cpu") -> list[dict[str, 
         output, _ = proc.communicate()
         pytest.fail(f"the DDP job hung (ranks out of step?):\n{output}")
     assert proc.returncode == 0, output
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    names = [f"rank{r}.json" for r in range(WORLD_SIZE)] + ["parent.json"]
+    return [json.loads((tmp_path / name).read_text()) for name in names]
 
 
 @pytest.mark.slow  # two spawned ranks import torch (and DGL): ~15 s
@@ -106,28 +179,32 @@ def run_ranks(kind: str, tmp_path: Path, device: str = "cpu") -> list[dict[str, 
 ])
 def test_each_rank_gets_its_share_exactly_and_ddp_stays_in_step(kind: str,
                                                                  tmp_path: Path) -> None:
-    reports = run_ranks(kind, tmp_path)
+    *reports, parent = run_ranks(kind, tmp_path)
     assert {(r["device"], r["gather_mode"]) for r in reports} == {("cpu", "cpu")}
-    check_ddp_reports(reports)
+    check_ddp_reports(reports, parent)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_two_ranks_on_one_gpu_gather_from_one_shared_pinned_table(tmp_path: Path) -> None:
     """Each rank page-locks the parent's shared-memory table in its own process."""
-    reports = run_ranks("builtin", tmp_path, device="cuda")
+    *reports, parent = run_ranks("builtin", tmp_path, device="cuda")
     assert {(r["device"], r["gather_mode"]) for r in reports} == {("cuda:0", "zerocopy")}
-    check_ddp_reports(reports)
+    check_ddp_reports(reports, parent)
 
 
-def check_ddp_reports(reports: list[dict[str, Any]]) -> None:
+def check_ddp_reports(reports: list[dict[str, Any]], parent: dict[str, Any]) -> None:
     """What every DDP job must satisfy, whatever the source and device."""
+    # The ranks' table is the parent's memory: what each rank wrote after
+    # training, next to the table in the same storage, the parent sees.
+    assert all(r["probe_is_same_storage"] for r in reports)
+    assert [set(row) for row in parent["probe"]] == [{r + 1.0} for r in range(WORLD_SIZE)]
+    assert parent["features_unchanged"]
     train_idx = reports[0]["train_idx"]
     n = len(train_idx)
     per_rank = math.ceil(n / WORLD_SIZE)
     assert n % WORLD_SIZE, "the job must exercise padding"
     for report in reports:
-        assert report["features_shared"]  # every rank gathered from the parent's table
         # Every batch equalled the synchronous reference bit for bit.
         assert [e["mismatches"] for e in report["epochs"]] == [0, 0]
         assert report["batches_stat"] == sum(len(e["outputs"]) for e in report["epochs"])

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +25,26 @@ TINY = ["--sampler", "builtin", "--num-nodes", "4000", "--num-classes", "4",
 CHANCE = 1 / 4
 
 
-def run_example(tmp_path: Path, name: str, *args: str) -> tuple[dict[str, Any], str]:
-    """Run the script; return its --json summary and its stdout."""
+def run_example(tmp_path: Path, name: str, *args: str,
+                timeout: float = 120) -> tuple[dict[str, Any], str]:
+    """Run the script; return its --json summary and its stdout.
+
+    The script runs in its own session, so that a hung run (including the
+    ranks a ``--nprocs`` run spawns) is killed as a whole.
+    """
     out = tmp_path / f"{name}.json"
     env = dict(os.environ, PYTHONHASHSEED="0")
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--json", str(out)],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return json.loads(out.read_text()), proc.stdout
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args, "--json", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"train_sage.py {' '.join(args)} ran over {timeout} s:\n{stdout}{stderr}")
+    assert proc.returncode == 0, stdout + stderr
+    return json.loads(out.read_text()), stdout
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +127,8 @@ def test_two_ddp_ranks_see_the_same_batches_through_pingpong_and_the_plain_loop(
     for loader in ("dgl", "pingpong"):
         dump = tmp_path / f"{loader}.json"
         result, stdout = run_example(tmp_path, loader, *TINY, "--nprocs", "2",
-                                     "--loader", loader, "--dump-batches", str(dump))
+                                     "--loader", loader, "--dump-batches", str(dump),
+                                     timeout=240)
         ranks = [json.loads((tmp_path / f"{loader}.rank{r}.json").read_text())
                  for r in range(2)]
         runs[loader] = result, ranks
@@ -129,6 +143,20 @@ def test_two_ddp_ranks_see_the_same_batches_through_pingpong_and_the_plain_loop(
     assert our_ranks == plain_ranks
     assert ours["losses"] == plain["losses"]
     assert ours["test_acc"] == plain["test_acc"]
+
+
+@pytest.mark.slow  # two spawned ranks (~15 s)
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="DGL is not installed")
+def test_two_ddp_ranks_with_dgls_sampler(tmp_path: Path) -> None:
+    """--nprocs 2 with DGL's DataLoader(use_ddp=True), the default sampler when DGL is here."""
+    args = [a for a in TINY if a not in ("--sampler", "builtin")]
+    result, stdout = run_example(tmp_path, "dgl-ddp", *args, "--sampler", "dgl",
+                                 "--nprocs", "2", "--epochs", "2", timeout=240)
+    assert "sampler dgl" in stdout
+    assert (result["world_size"], result["sampler"]) == (2, "dgl")
+    assert len(result["losses"]) == 2 * 10  # rank 0: 600 of 1,200 seeds, batches of 64
+    assert result["test_acc"] > CHANCE + 0.2
 
 
 # --------------------------------------------------------------------------- CLI errors

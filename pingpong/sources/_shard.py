@@ -42,6 +42,30 @@ def ddp_rank_and_world_size() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def resolve_rank(use_ddp: bool, num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """``(rank, world_size)`` for a loader, ``DistributedSampler``-style.
+
+    Explicit ``num_replicas`` and ``rank`` (both or neither) win; otherwise
+    ``use_ddp=True`` reads them from the default process group and
+    ``use_ddp=False`` means one rank of one.  ``ValueError`` for a lone or bad
+    value.
+    """
+    if num_replicas is None and rank is None:
+        return ddp_rank_and_world_size() if use_ddp else (0, 1)
+    if num_replicas is None or rank is None:
+        raise ValueError(
+            f"give both num_replicas and rank, or neither; got num_replicas={num_replicas!r}, "
+            f"rank={rank!r}"
+        )
+    for name, value in (("num_replicas", num_replicas), ("rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    if num_replicas < 1 or not 0 <= rank < num_replicas:
+        raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, "
+                         f"num_replicas={num_replicas}")
+    return rank, num_replicas
+
+
 def seeds_per_rank(num_seeds: int, world_size: int, drop_last: bool) -> int:
     """How many seeds each rank gets per epoch (the same on every rank)."""
     if drop_last:

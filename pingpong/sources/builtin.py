@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..blocks import EdgeBlock
-from ._shard import ddp_rank_and_world_size, seeds_per_rank, shard_seeds
+from ._shard import resolve_rank, seeds_per_rank, shard_seeds
 
 __all__ = ["BuiltinLoader", "CSRGraph", "NeighborSampler", "SampledTriple"]
 
@@ -338,18 +338,22 @@ class BuiltinLoader:
     """Mini-batches of sampled blocks over ``seed_nodes``, DGL ``DataLoader`` style.
 
     A re-iterable: every ``iter()`` starts a new epoch (epoch ``0, 1, ...``,
-    counted per loader). Epoch ``e`` is fully determined by ``seed`` and ``e``:
-    the seed order (``shuffle=True``) and every batch's neighbour draws, so two
-    loaders built alike yield identical epochs. Use :meth:`set_epoch` to pick
-    the next epoch explicitly (e.g. to resume).
+    counted per loader). Epoch ``e`` is fully determined by ``seed``, ``e``
+    and (when sharded) the rank and world size: the seed order
+    (``shuffle=True``) and every batch's neighbour draws, so two loaders built
+    alike yield identical epochs. Use :meth:`set_epoch` to pick the next epoch
+    explicitly (e.g. to resume).
 
     Data-parallel training: with ``use_ddp=True`` (DGL's name for the same
     option) each rank of a torch.distributed job yields only its share of
     every epoch, and all ranks yield the same number of batches (see
-    :mod:`pingpong.sources._shard`: padding with repeated seeds, or dropping a
-    few with ``drop_last``).  All ranks must be built with the same
-    ``seed_nodes``, ``shuffle`` and ``seed``: they shuffle with the same
-    permutation and then split it, so their shares are disjoint.
+    :mod:`pingpong.sources._shard`: the epoch's permutation is padded by
+    repeating its first seeds, or its tail dropped with ``drop_last``).  All
+    ranks must be built with the same ``seed_nodes``, ``shuffle`` and
+    ``seed``: they shuffle with the same permutation and then split it, so
+    their shares are disjoint apart from the padding.  ``num_replicas`` and
+    ``rank`` set the split explicitly, as for
+    ``torch.utils.data.DistributedSampler``.
 
     Args:
         graph: the graph to sample from.
@@ -357,12 +361,17 @@ class BuiltinLoader:
         sampler: the :class:`NeighborSampler`.
         batch_size: seeds per batch (the last batch may be smaller).
         shuffle: reshuffle the seeds each epoch.
-        drop_last: drop the last batch if it is smaller than ``batch_size``.
+        drop_last: drop the last batch if it is smaller than ``batch_size``;
+            when sharded, also drop the epoch's last ``n % world_size`` seeds
+            instead of padding.
         seed: base integer seed.
         use_ddp: split each epoch across the ranks of the default
             torch.distributed process group (``init_process_group`` must have
             run; ``RuntimeError`` otherwise).  Rank and world size are read
             once, here.
+        num_replicas, rank: split each epoch into ``num_replicas`` shares and
+            yield share ``rank`` (both or neither; they override ``use_ddp``'s
+            lookup).  ``ValueError`` if a share would be empty.
 
     Yields ``(input_nodes, output_nodes, blocks)``: int64 CPU tensors and a
     list of CPU :class:`EdgeBlock`, freshly allocated per batch.
@@ -378,6 +387,8 @@ class BuiltinLoader:
         drop_last: bool = False,
         seed: int = 0,
         use_ddp: bool = False,
+        num_replicas: int | None = None,
+        rank: int | None = None,
     ) -> None:
         if not isinstance(graph, CSRGraph):
             raise TypeError(f"graph must be a CSRGraph, got {type(graph).__name__}")
@@ -399,10 +410,11 @@ class BuiltinLoader:
         self.drop_last = bool(drop_last)
         self.seed = seed
         self.use_ddp = bool(use_ddp)
-        self.rank, self.world_size = ddp_rank_and_world_size() if self.use_ddp else (0, 1)
-        if seeds_per_rank(seeds.shape[0], self.world_size, self.drop_last) == 0 and self.use_ddp:
+        self.rank, self.world_size = resolve_rank(self.use_ddp, num_replicas, rank)
+        self.sharded = self.use_ddp or num_replicas is not None
+        if self.sharded and seeds_per_rank(seeds.shape[0], self.world_size, self.drop_last) == 0:
             raise ValueError(
-                f"use_ddp: {seeds.shape[0]} seed nodes leave rank {self.rank} of "
+                f"{seeds.shape[0]} seed nodes leave rank {self.rank} of "
                 f"{self.world_size} with none"
             )
         self._epoch = 0
@@ -444,7 +456,7 @@ class BuiltinLoader:
             f"BuiltinLoader(num_seeds={self.seed_nodes.shape[0]}, {self.sampler!r}, "
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, seed={self.seed}"
-            + (f", rank={self.rank}/{self.world_size}" if self.use_ddp else "")
+            + (f", rank={self.rank}/{self.world_size}" if self.sharded else "")
             + ")"
         )
 

@@ -8,7 +8,11 @@ Usage: ``python ddp_ranks.py WORLD_SIZE SOURCE OUT_DIR [DEVICE]`` with SOURCE
 its own process (the model stays on the CPU: gloo, one GPU).
 
 The parent builds the feature and label tables once, in shared memory, and
-spawns WORLD_SIZE ranks that all gather from those same pages.  Each rank
+spawns WORLD_SIZE ranks that all gather from those same pages.  To show that
+they are the same pages, the feature table is the first rows of one storage
+whose last WORLD_SIZE rows are a probe: after training, rank ``r`` fills probe
+row ``r`` with ``r + 1`` and the parent, after the ranks have exited, reports
+what it sees there (``OUT_DIR/parent.json``).  Each rank
 trains a DDP-wrapped linear model for two epochs through its loader, checks
 every batch against the synchronous reference (``features[input_nodes]``,
 ``labels[output_nodes]``, compared bit for bit), and writes
@@ -55,8 +59,9 @@ def make_source(kind: str, graph, train_idx: torch.Tensor):
 
 
 def rank_main(rank: int, world: int, kind: str, out_dir: str, init_file: str,
-              features: torch.Tensor, labels: torch.Tensor, device: str) -> None:
+              storage: torch.Tensor, labels: torch.Tensor, device: str) -> None:
     torch.set_num_threads(1)
+    features, probe = storage[:NUM_NODES], storage[NUM_NODES:]
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     try:
@@ -95,7 +100,8 @@ def rank_main(rank: int, world: int, kind: str, out_dir: str, init_file: str,
             "world_size": world,
             "epochs": epochs,
             "train_idx": train_idx.tolist(),
-            "features_shared": bool(features.is_shared()),
+            "probe_is_same_storage": storage.untyped_storage().data_ptr()
+            == features.untyped_storage().data_ptr() == probe.untyped_storage().data_ptr(),
             "device": delivered_on[0],
             "gather_mode": delivered_on[1],
             "params_sha256": hashlib.sha256(params).hexdigest(),
@@ -104,6 +110,8 @@ def rank_main(rank: int, world: int, kind: str, out_dir: str, init_file: str,
             "batches_stat": int(stats["batches"]),
         }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+        dist.barrier()  # every rank is done reading the table
+        probe[rank] = rank + 1
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -113,11 +121,16 @@ def main() -> None:
     world, kind, out_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
     graph = make_synthetic_graph(num_nodes=NUM_NODES, num_classes=4, feat_dim=8, seed=1)
-    features = graph.features.share_memory_()
+    storage = torch.zeros(NUM_NODES + world, graph.features.shape[1])
+    storage[:NUM_NODES] = graph.features
+    storage.share_memory_()
     labels = graph.labels.share_memory_()
     init_file = str(Path(out_dir, "dist_init"))
-    mp.spawn(rank_main, args=(world, kind, out_dir, init_file, features, labels, device),
+    mp.spawn(rank_main, args=(world, kind, out_dir, init_file, storage, labels, device),
              nprocs=world, join=True)
+    parent = {"probe": storage[NUM_NODES:].tolist(),
+              "features_unchanged": torch.equal(storage[:NUM_NODES], graph.features)}
+    Path(out_dir, "parent.json").write_text(json.dumps(parent))
 
 
 if __name__ == "__main__":
