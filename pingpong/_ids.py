@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -9,6 +10,7 @@ import torch
 
 from .errors import IdShapeError, IdTypeError
 from .kernels._checks import check_id_array, check_id_range
+from .store import FeatureStore, HostTable
 
 _TORCH_ID_DTYPES = (torch.int32, torch.int64)
 
@@ -35,12 +37,62 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
     elif isinstance(ids, np.ndarray):
         check_id_array(ids, name)
         array = ids
-    elif isinstance(ids, dict):
+    elif isinstance(ids, Mapping):
         raise IdTypeError(
-            f"{name} is a dict (a heterogeneous graph?); pingpong gathers one node "
-            "type: pass a homogeneous source, or one loader per node type"
+            f"{name} is a dict (a heterogeneous graph?); build the loader with "
+            "heterogeneous=True and features/labels as dicts keyed by node type"
         )
     else:
         raise IdTypeError(f"{name} must be a torch.Tensor or numpy array, got {type(ids).__name__}")
     check_id_range(array, num_rows, name)
     return array
+
+
+#: Validated ids per table key: what each feature / label table is gathered with.
+TableIds = dict[str | None, np.ndarray]
+
+
+def batch_ids(
+    store: FeatureStore, input_nodes: Any, output_nodes: Any
+) -> tuple[TableIds, TableIds]:
+    """Validate one batch's ids for every table; read no table.
+
+    Homogeneous store: every feature table gets the same ``input_nodes``
+    array (the same object, so a device stages it once) and the labels get
+    ``output_nodes``.  Heterogeneous store: table ``ntype`` gets
+    ``input_nodes[ntype]`` (labels: ``output_nodes[ntype]``), each checked
+    against that table's own row count; node types without a table are not
+    looked at (their ids are delivered as given).
+
+    Raises what :func:`host_ids` raises, and ``IdTypeError`` when a
+    heterogeneous batch's ids are not a dict or lack a node type that has a
+    table.
+    """
+    if not store.heterogeneous:
+        x_ids = host_ids(input_nodes, store.num_rows, "input_nodes")
+        y_ids: TableIds = {}
+        if store.label_tables:
+            y_ids[None] = host_ids(output_nodes, store.num_rows, "output_nodes")
+        return dict.fromkeys(store.tables, x_ids), y_ids
+    return (
+        _typed_ids(input_nodes, store.tables, "input_nodes"),
+        _typed_ids(output_nodes, store.label_tables, "output_nodes") if store.label_tables else {},
+    )
+
+
+def _typed_ids(ids: Any, tables: dict[str | None, HostTable], name: str) -> TableIds:
+    if not isinstance(ids, Mapping):
+        raise IdTypeError(
+            f"heterogeneous=True: {name} must be a dict {{node type: ids}}, got "
+            f"{type(ids).__name__}"
+        )
+    missing = [ntype for ntype in tables if ntype not in ids]
+    if missing:
+        raise IdTypeError(
+            f"{name} has no ids for node type(s) {missing} that have a table "
+            f"(it has {sorted(map(str, ids))})"
+        )
+    return {
+        ntype: host_ids(ids[ntype], table.num_rows, f"{name}[{ntype!r}]")
+        for ntype, table in tables.items()
+    }

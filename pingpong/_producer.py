@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ._ids import host_ids
+from ._ids import TableIds, batch_ids
 from .devices.base import Device, Event
-from .slots import Slot
+from .slots import Buffer, Slot
 from .stats import LoaderStats
 from .store import FeatureStore
 
@@ -102,7 +102,6 @@ def produce(
     try:
         device.producer_started()
         iterator = iter(source)
-        num_rows = store.num_rows
         while not stop.is_set():
             t0 = time.perf_counter()
             try:
@@ -111,8 +110,7 @@ def produce(
                 break
             t1 = time.perf_counter()
             input_nodes, output_nodes, blocks = _unpack(item, seq)
-            x_ids = host_ids(input_nodes, num_rows, "input_nodes")
-            y_ids = host_ids(output_nodes, num_rows, "output_nodes") if store.labels else None
+            x_ids, y_ids = batch_ids(store, input_nodes, output_nodes)
             t2 = time.perf_counter()
             slot = _take_free_slot(free_q, stop, poll_s)
             if slot is None:
@@ -126,15 +124,12 @@ def produce(
                 )
             t4 = time.perf_counter()
             ready_q.put(delivery)
-            y_bytes = (
-                0 if y_ids is None or store.labels is None else len(y_ids) * store.labels.row_bytes
-            )
             stats.add(
                 sample_s=t1 - t0,
                 validate_s=t2 - t1,
                 gather_s=t4 - t3,
-                rows_gathered=len(x_ids),
-                bytes_gathered=len(x_ids) * store.bytes_per_input_row + y_bytes,
+                rows_gathered=_input_rows(x_ids),
+                bytes_gathered=_bytes(store.tables, x_ids) + _bytes(store.label_tables, y_ids),
             )
             seq += 1
         if not stop.is_set():
@@ -148,13 +143,32 @@ def produce(
         ready_q.put(Failure(exc))
 
 
+def _input_rows(x_ids: TableIds) -> int:
+    """Input rows of a batch: one id array shared by every table, or one per node type."""
+    return sum(len(ids) for ids in {id(ids): ids for ids in x_ids.values()}.values())
+
+
+def _bytes(tables: dict[str | None, Any], ids: TableIds) -> int:
+    return sum(len(ids[key]) * table.row_bytes for key, table in tables.items())
+
+
+def _gather_all(buffers: dict[str | None, Buffer], ids: TableIds, device: Device) -> dict:
+    out = {}
+    for key, buffer in buffers.items():
+        n = len(ids[key])
+        buffer.reserve(n, device.allocate)
+        out[key] = buffer.rows(n)
+        device.gather(buffer.table, ids[key], out[key])
+    return out
+
+
 def _fill(
     slot: Slot,
     seq: int,
     store: FeatureStore,
     device: Device,
-    x_ids: Any,
-    y_ids: Any,
+    x_ids: TableIds,
+    y_ids: TableIds,
     input_nodes: Any,
     output_nodes: Any,
     blocks: Any,
@@ -162,22 +176,14 @@ def _fill(
     """Gather one batch into ``slot`` on the copy stream; caller holds the write lock."""
     device.wait_event(slot.release_event)
     slot.generation += 1
-    xs = {}
-    for key, buffer in slot.x.items():
-        buffer.reserve(len(x_ids), device.allocate)
-        out = buffer.rows(len(x_ids))
-        device.gather(buffer.table, x_ids, out)
-        xs[key] = out
-    y = None
-    if slot.y is not None and y_ids is not None:
-        slot.y.reserve(len(y_ids), device.allocate)
-        y = slot.y.rows(len(y_ids))
-        device.gather(slot.y.table, y_ids, y)
+    xs = _gather_all(slot.x, x_ids, device)
+    ys = _gather_all(slot.y, y_ids, device)
     moved_blocks = device.move_blocks(blocks)
     moved_in = device.move_ids(input_nodes)
     moved_out = device.move_ids(output_nodes)
     ready_event = device.record()
     x = xs if store.is_dict else xs[None]
+    y = ys.get(None) if not store.heterogeneous else (ys if ys else None)
     return Delivery(
         seq, slot.generation, slot, ready_event, moved_in, moved_out, moved_blocks, x, y
     )

@@ -32,15 +32,17 @@ class Batch(NamedTuple):
         blocks: the sampled layers (DGL blocks, or :class:`~pingpong.blocks.EdgeBlock`
             where DGL cannot put blocks on the device).
         x: ``features[input_nodes]`` -- a tensor, or a dict of tensors when the
-            loader was given a dict of feature tables.
-        y: ``labels[output_nodes]``, or ``None`` when the loader has no labels.
+            loader was given a dict of feature tables (heterogeneous loaders:
+            ``{t: features[t][input_nodes[t]]}``).
+        y: ``labels[output_nodes]``, or ``None`` when the loader has no labels
+            (heterogeneous loaders: ``{t: labels[t][output_nodes[t]]}``).
     """
 
     input_nodes: Any
     output_nodes: Any
     blocks: Any
     x: Features
-    y: torch.Tensor | None
+    y: Features | None
 
     def clone(self) -> Batch:
         """A copy whose ``x`` and ``y`` own their memory (safe to keep)."""

@@ -65,7 +65,17 @@ def is_dgl_block(block: Any) -> bool:
 
 
 def edge_block_from_dgl(block: Any) -> EdgeBlock:
-    """The :class:`EdgeBlock` of a DGL block (same local ids, on its device)."""
+    """The :class:`EdgeBlock` of a DGL block (same local ids, on its device).
+
+    ``TypeError`` for a heterogeneous block (more than one edge type): an
+    :class:`EdgeBlock` has one edge list, and merging the types would lose them.
+    """
+    etypes = getattr(block, "canonical_etypes", [])
+    if len(etypes) > 1:
+        raise TypeError(
+            f"a heterogeneous DGL block ({len(etypes)} edge types) has no single-edge-list "
+            "EdgeBlock form; on CUDA this needs a DGL build that can move blocks to the GPU"
+        )
     src, dst = block.edges()
     return EdgeBlock(
         src.to(torch.int64),

@@ -10,7 +10,9 @@ exception                          raised when
 :class:`IdRangeError`              an id is negative or ``>= N`` (``IndexError``)
 :class:`IdTypeError`               ids are not int32/int64, or not 1-D
                                    (``TypeError``; the shape case is also a
-                                   ``ValueError``)
+                                   ``ValueError``); or, for
+                                   ``heterogeneous=True``, not a dict by node
+                                   type or missing a type that has a table
 :class:`TableError`                a feature or label table cannot be used: not
                                    a tensor, 0-D, not on the host, not
                                    contiguous, empty, mismatched lengths

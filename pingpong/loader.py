@@ -55,7 +55,9 @@ class PingPongLoader(Iterable[Batch]):
             one pass over it.  One-shot iterators (generators) are refused.
         features: a host tensor ``(N, ...)`` or a dict of such tensors (then
             ``batch.x`` is a dict with the same keys).  Used in place, never copied.
-        labels: ``None`` or a host tensor with first dimension ``N``.
+            With ``heterogeneous=True``: a dict ``{node type: table}``.
+        labels: ``None`` or a host tensor with first dimension ``N``; with
+            ``heterogeneous=True``, ``None`` or a dict ``{node type: table}``.
         device: where batches are delivered: ``"cpu"`` or ``"cuda[:k]"``, or a
             :class:`~pingpong.devices.Device` instance (such as the tests'
             :class:`~pingpong.devices.fake.FakeAsyncDevice`), which the loader
@@ -77,6 +79,13 @@ class PingPongLoader(Iterable[Batch]):
             the previous batch must not have been refilled while the training
             loop held it (``SlotOverwriteError`` if it was).  Off by default;
             costs two integer compares per batch when on.
+        heterogeneous: the source is a heterogeneous graph's loader: it yields
+            ``input_nodes`` and ``output_nodes`` as dicts ``{node type: ids}``
+            (as DGL does), and ``features``/``labels`` are dicts keyed by node
+            type, each table with its own row count, row shape and dtype.
+            ``batch.x[t]`` is ``features[t][input_nodes[t]]`` and ``batch.y[t]``
+            is ``labels[t][output_nodes[t]]``; node types without a table are
+            passed through untouched (e.g. for learned embeddings).
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -99,6 +108,7 @@ class PingPongLoader(Iterable[Batch]):
         gather_threads: int | None = None,
         sort_ids: bool = False,
         debug: bool = False,
+        heterogeneous: bool = False,
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
@@ -117,7 +127,7 @@ class PingPongLoader(Iterable[Batch]):
                 f"timeout must be None or a positive number of seconds, got {timeout!r}"
             )
         self._source = source
-        self._store: FeatureStore = make_feature_store(features, labels)
+        self._store: FeatureStore = make_feature_store(features, labels, bool(heterogeneous))
         self._device: Device = make_device(device, gather, gather_threads, sort_ids)
         try:
             self._device.attach(self._store)

@@ -1,6 +1,6 @@
 """Slots: the preallocated buffers that batches are gathered into.
 
-A :class:`Slot` owns one device buffer per feature table and one for labels.
+A :class:`Slot` owns one device buffer per feature table and per label table.
 Its capacity (rows) only grows, with headroom, when a batch is larger than
 any it held before -- so after the first few batches no allocation happens.
 
@@ -69,24 +69,30 @@ class Buffer:
 
 @dataclass
 class Slot:
-    """One ping-pong slot: buffers for every feature table and the labels."""
+    """One ping-pong slot: buffers for every feature table and label table.
+
+    ``x`` and ``y`` have the keys of the store's ``tables`` and
+    ``label_tables`` (``y`` is ``{}`` without labels).
+    """
 
     index: int
     x: dict[str | None, Buffer]
-    y: Buffer | None
+    y: dict[str | None, Buffer]
     release_event: Any
     #: Incremented each time the producer refills the slot (the ``debug`` check).
     generation: int = 0
 
     @property
+    def buffers(self) -> list[Buffer]:
+        return [*self.x.values(), *self.y.values()]
+
+    @property
     def nbytes(self) -> int:
-        total = sum(b.nbytes for b in self.x.values())
-        return total + (self.y.nbytes if self.y is not None else 0)
+        return sum(b.nbytes for b in self.buffers)
 
     @property
     def grow_count(self) -> int:
-        total = sum(b.grow_count for b in self.x.values())
-        return total + (self.y.grow_count if self.y is not None else 0)
+        return sum(b.grow_count for b in self.buffers)
 
 
 def make_slots(store: FeatureStore, count: int, initial_event: Any) -> list[Slot]:
@@ -95,7 +101,7 @@ def make_slots(store: FeatureStore, count: int, initial_event: Any) -> list[Slot
         Slot(
             index=i,
             x={key: Buffer(table) for key, table in store.tables.items()},
-            y=Buffer(store.labels) if store.labels is not None else None,
+            y={key: Buffer(table) for key, table in store.label_tables.items()},
             release_event=initial_event,
         )
         for i in range(count)

@@ -94,52 +94,111 @@ def make_host_table(value: Any, name: str) -> HostTable:
 
 @dataclass(frozen=True)
 class FeatureStore:
-    """The validated features (one table or a dict of tables) and optional labels.
+    """The validated feature tables and optional label tables.
 
-    ``tables`` maps a key to each feature table; the key is ``None`` when the
-    user passed a single tensor (``batch.x`` is then a tensor, else a dict).
+    Homogeneous (the default): ``tables`` maps a key to each feature table,
+    all with the same ``N`` rows; the key is ``None`` when the user passed a
+    single tensor (``batch.x`` is then a tensor, else a dict).  Every table is
+    gathered with the batch's one ``input_nodes`` array; ``label_tables`` is
+    ``{}`` or ``{None: labels}``, gathered with ``output_nodes``.
+
+    Heterogeneous (``heterogeneous=True``): the keys of ``tables`` and
+    ``label_tables`` are node types; each table has its own ``N``, row shape
+    and dtype and is gathered with ``input_nodes[ntype]`` (labels:
+    ``output_nodes[ntype]``).  ``batch.x`` and ``batch.y`` are dicts.
     """
 
     tables: dict[str | None, HostTable]
-    labels: HostTable | None
-    num_rows: int
+    label_tables: dict[str | None, HostTable]
+    heterogeneous: bool = False
 
     @property
     def is_dict(self) -> bool:
         return None not in self.tables
 
     @property
-    def bytes_per_input_row(self) -> int:
-        return sum(t.row_bytes for t in self.tables.values())
+    def num_rows(self) -> int:
+        """Rows of the (homogeneous) tables; heterogeneous tables differ."""
+        if self.heterogeneous:
+            raise AttributeError("heterogeneous tables have one row count per node type")
+        return next(iter(self.tables.values())).num_rows
+
+    @property
+    def all_tables(self) -> list[HostTable]:
+        """Every feature and label table (for pinning or copying once)."""
+        return [*self.tables.values(), *self.label_tables.values()]
 
 
-def make_feature_store(features: Any, labels: Any = None) -> FeatureStore:
+def _table_dict(values: Mapping[Any, Any], what: str) -> dict[str | None, HostTable]:
+    if not values:
+        raise TableError(f"{what} is an empty dict; give at least one table")
+    tables: dict[str | None, HostTable] = {}
+    for key, value in values.items():
+        if not isinstance(key, str):
+            raise TableError(f"{what} dict keys must be str, got {key!r}")
+        tables[key] = make_host_table(value, f"{what}[{key!r}]")
+    return tables
+
+
+def make_feature_store(features: Any, labels: Any = None,
+                       heterogeneous: bool = False) -> FeatureStore:
     """Validate ``features`` (tensor or non-empty mapping of tensors) and ``labels``.
+
+    With ``heterogeneous=True`` both must be mappings keyed by node type
+    (``labels`` may be ``None``), and a node type in both must have as many
+    label rows as feature rows.
 
     Raises:
         TableError: see :func:`make_host_table`; also mismatched row counts
             between tables, or labels whose length differs from the features'.
     """
+    if heterogeneous:
+        return _make_heterogeneous_store(features, labels)
     if isinstance(features, Mapping):
-        if not features:
-            raise TableError("features is an empty dict; give at least one table")
-        tables: dict[str | None, HostTable] = {}
-        for key, value in features.items():
-            if not isinstance(key, str):
-                raise TableError(f"feature dict keys must be str, got {key!r}")
-            tables[key] = make_host_table(value, f"features[{key!r}]")
+        tables = _table_dict(features, "features")
     else:
         tables = {None: make_host_table(features, "features")}
     row_counts = {t.name: t.num_rows for t in tables.values()}
     num_rows = next(iter(row_counts.values()))
     if len(set(row_counts.values())) != 1:
         raise TableError(f"feature tables have different numbers of rows: {row_counts}")
-    label_table = None
+    label_tables: dict[str | None, HostTable] = {}
     if labels is not None:
+        if isinstance(labels, Mapping):
+            raise TableError(
+                "labels is a dict: per-node-type labels need heterogeneous=True; "
+                "a homogeneous loader takes one label tensor"
+            )
         label_table = make_host_table(labels, "labels")
         if label_table.num_rows != num_rows:
             raise TableError(
                 f"labels has {label_table.num_rows} rows but features has {num_rows}; "
                 "labels[i] must belong to node i"
             )
-    return FeatureStore(tables, label_table, num_rows)
+        label_tables[None] = label_table
+    return FeatureStore(tables, label_tables)
+
+
+def _make_heterogeneous_store(features: Any, labels: Any) -> FeatureStore:
+    if not isinstance(features, Mapping):
+        raise TableError(
+            "heterogeneous=True: features must be a dict {node type: table}, got "
+            f"{type(features).__name__}"
+        )
+    tables = _table_dict(features, "features")
+    label_tables: dict[str | None, HostTable] = {}
+    if labels is not None:
+        if not isinstance(labels, Mapping):
+            raise TableError(
+                "heterogeneous=True: labels must be None or a dict {node type: table}, got "
+                f"{type(labels).__name__}"
+            )
+        label_tables = _table_dict(labels, "labels")
+    for ntype, label_table in label_tables.items():
+        table = tables.get(ntype)
+        if table is not None and table.num_rows != label_table.num_rows:
+            raise TableError(
+                f"labels[{ntype!r}] has {label_table.num_rows} rows but "
+                f"features[{ntype!r}] has {table.num_rows}; both index the same nodes"
+            )
+    return FeatureStore(tables, label_tables, heterogeneous=True)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..blocks import EdgeBlock, is_dgl_block
+from ..blocks import EdgeBlock, edge_block_from_dgl, is_dgl_block
 from ..errors import GatherModeUnavailable
 from ..kernels import _interop
 from ..kernels.cpu import gather_rows_cpu_unchecked
@@ -134,7 +134,7 @@ class CUDADevice(Device):
         return cuda.gpus[self._device.index]
 
     def attach(self, store: FeatureStore) -> None:
-        tables = [*store.tables.values(), *([store.labels] if store.labels else [])]
+        tables = store.all_tables
         if self.gather_mode == "staged":
             return
         with self._numba_gpu():
@@ -263,13 +263,7 @@ class CUDADevice(Device):
             if self._dgl_on_device:
                 with torch.cuda.stream(self._copy_stream):
                     return block.to(self._device)
-            src, dst = block.edges()
-            block = EdgeBlock(
-                src.to(torch.int64),
-                dst.to(torch.int64),
-                int(block.num_src_nodes()),
-                int(block.num_dst_nodes()),
-            )
+            block = edge_block_from_dgl(block)
         if isinstance(block, EdgeBlock):
             edges = torch.stack((block.src, block.dst)).pin_memory()
             with torch.cuda.stream(self._copy_stream):

@@ -1,0 +1,250 @@
+"""Heterogeneous graphs: ids, features and labels keyed by node type."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_reliability import DEVICE_KINDS, make_device
+
+import pingpong
+from pingpong import PingPongLoader
+from pingpong.devices.cpu import CPUDevice
+from pingpong.devices.fake import FakeAsyncDevice
+
+HAVE_DGL = importlib.util.find_spec("dgl") is not None
+ROWS = {"paper": 300, "author": 120}
+
+
+def tables() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Per-type tables that differ in rows, width and dtype."""
+    gen = torch.Generator().manual_seed(0)
+    features = {
+        "paper": torch.randn(ROWS["paper"], 16, generator=gen),
+        "author": torch.randn(ROWS["author"], 3, 5, generator=gen).to(torch.bfloat16),
+    }
+    labels = {"paper": torch.randint(0, 7, (ROWS["paper"],), generator=gen)}
+    return features, labels
+
+
+def typed_triples(num_batches: int, seed: int = 0) -> list[tuple[Any, Any, list[int]]]:
+    """Dict-id triples as a heterograph loader yields them, plus an untabled type."""
+    gen = torch.Generator().manual_seed(seed)
+    triples = []
+    for b in range(num_batches):
+        n_paper, n_author = (int(v) for v in torch.randint(0, 90, (2,), generator=gen))
+        inputs = {
+            "paper": torch.randint(0, ROWS["paper"], (n_paper,), generator=gen),
+            "author": torch.randint(0, ROWS["author"], (n_author,), generator=gen).int(),
+            "field": torch.arange(b),  # no table: passed through untouched
+        }
+        outputs = {"paper": inputs["paper"][: min(n_paper, 8)]}
+        triples.append((inputs, outputs, [b]))
+    return triples
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().view(torch.uint8)
+
+
+def check_batch(batch: Any, features: dict[str, torch.Tensor],
+                labels: dict[str, torch.Tensor] | None) -> None:
+    """Every typed table of the batch equals its synchronous reference, bit for bit."""
+    assert set(batch.x) == set(features)
+    for ntype, table in features.items():
+        ids = batch.input_nodes[ntype].cpu().long()
+        assert torch.equal(bits(batch.x[ntype]), bits(table[ids])), ntype
+    if labels is None:
+        assert batch.y is None
+        return
+    assert set(batch.y) == set(labels)
+    for ntype, table in labels.items():
+        ids = batch.output_nodes[ntype].cpu().long()
+        assert torch.equal(bits(batch.y[ntype]), bits(table[ids])), ntype
+
+
+def check_where_the_model_reads(device: Any, batch: Any, features: dict[str, torch.Tensor],
+                                labels: dict[str, torch.Tensor] | None) -> None:
+    """:func:`check_batch` on the consumer stream (fake device) or the current stream."""
+    if isinstance(device, FakeAsyncDevice):
+        device.consumer_submit(lambda: check_batch(batch, features, labels)).result()
+    else:  # CPU, or CUDA: .cpu() reads on the current stream, which waited for the batch
+        check_batch(batch, features, labels)
+
+
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+@pytest.mark.parametrize("with_labels", [True, False])
+def test_typed_batches_equal_the_reference(device_kind: str, with_labels: bool) -> None:
+    features, labels = tables()
+    source = typed_triples(12)
+    used_labels = labels if with_labels else None
+    device = make_device(device_kind)
+    with PingPongLoader(source, features, used_labels, device=device,
+                        heterogeneous=True, debug=True) as loader:
+        for _ in range(2):
+            seen = 0
+            for batch, (inputs, _, blocks) in zip(loader, source, strict=True):
+                check_where_the_model_reads(device, batch, features, used_labels)
+                assert batch.blocks == blocks
+                assert torch.equal(batch.input_nodes["field"].cpu(), inputs["field"])
+                seen += 1
+            assert seen == len(source)
+        stats = loader.stats
+    rows = sum(len(i["paper"]) + len(i["author"]) for i, _, _ in source)
+    row_bytes = {"paper": 16 * 4, "author": 15 * 2}
+    expected_bytes = sum(len(i[t]) * row_bytes[t] for i, _, _ in source for t in row_bytes)
+    if with_labels:
+        expected_bytes += sum(len(o["paper"]) * 8 for _, o, _ in source)
+    assert stats["rows_gathered"] == 2 * rows
+    assert stats["bytes_gathered"] == 2 * expected_bytes
+
+
+class CountingCPUDevice(CPUDevice):
+    """The real CPU device, counting the tables it gathers from."""
+
+    def __init__(self) -> None:
+        super().__init__(gather_threads=1)
+        self.gathered: list[str] = []
+
+    def gather(self, table: Any, ids: np.ndarray, out: torch.Tensor) -> None:
+        self.gathered.append(table.name)
+        super().gather(table, ids, out)
+
+
+@pytest.mark.parametrize(
+    ("bad", "exc", "needle"),
+    [
+        (lambda i, o: ({**i, "author": torch.tensor([0, ROWS["author"]])}, o),
+         pingpong.IdRangeError, "input_nodes['author'][1] = 120"),
+        (lambda i, o: (i, {"paper": torch.tensor([-3])}), pingpong.IdRangeError,
+         "output_nodes['paper'][0] = -3"),
+        (lambda i, o: ({"paper": i["paper"]}, o), pingpong.IdTypeError,
+         "no ids for node type(s) ['author']"),
+        (lambda i, o: (i["paper"], o), pingpong.IdTypeError, "input_nodes must be a dict"),
+        (lambda i, o: (i, o["paper"]), pingpong.IdTypeError, "output_nodes must be a dict"),
+        (lambda i, o: ({**i, "paper": i["paper"].float()}, o), pingpong.IdTypeError,
+         "input_nodes['paper'] must have dtype"),
+    ],
+    ids=["author-range", "label-range", "missing-type", "ids-not-dict", "outputs-not-dict",
+         "float-ids"],
+)
+def test_bad_typed_ids_are_refused_before_any_table_is_read(bad: Any, exc: type,
+                                                            needle: str) -> None:
+    features, labels = tables()
+    good = typed_triples(3)
+    inputs, outputs, blocks = good[1]
+    source = [good[0], (*bad(inputs, outputs), blocks), good[2]]
+    device = CountingCPUDevice()
+    with PingPongLoader(source, features, labels, device=device, heterogeneous=True) as loader:
+        it = iter(loader)
+        check_batch(next(it), features, labels)
+        with pytest.raises(exc) as info:
+            next(it)
+        assert needle in str(info.value)
+        # Batch 0 read each of its three tables once; the bad batch read none.
+        assert sorted(device.gathered) == sorted(
+            ["features['paper']", "features['author']", "labels['paper']"])
+        with pytest.raises(StopIteration):  # the bad batch ended the epoch
+            next(it)
+        check_batch(next(iter(loader)), features, labels)  # the next epoch works
+
+
+@pytest.mark.parametrize(
+    ("features", "labels", "needle"),
+    [
+        (torch.randn(5, 2), None, "features must be a dict {node type: table}"),
+        ({"paper": torch.randn(5, 2)}, torch.arange(5), "labels must be None or a dict"),
+        ({"paper": torch.randn(5, 2)}, {"paper": torch.arange(6)},
+         "labels['paper'] has 6 rows but features['paper'] has 5"),
+        ({}, None, "empty dict"),
+        ({"paper": torch.randn(5, 2).t()}, None, "not contiguous"),
+    ],
+    ids=["tensor-features", "tensor-labels", "row-mismatch", "empty", "strided"],
+)
+def test_bad_typed_tables_are_refused_at_construction(features: Any, labels: Any,
+                                                      needle: str) -> None:
+    with pytest.raises(pingpong.TableError) as info:
+        PingPongLoader([], features, labels, heterogeneous=True)
+    assert needle in str(info.value)
+
+
+def test_typed_tables_may_differ_in_rows_and_a_label_type_may_lack_features() -> None:
+    features = {"paper": torch.randn(10, 2)}
+    labels = {"paper": torch.arange(10), "author": torch.arange(4) * 10}
+    source = [({"paper": torch.tensor([9, 0])},
+               {"paper": torch.tensor([1]), "author": torch.tensor([3])}, None)]
+    with PingPongLoader(source, features, labels, heterogeneous=True) as loader:
+        (batch,) = list(loader)
+        assert torch.equal(batch.y["author"], torch.tensor([30]))
+        assert torch.equal(batch.x["paper"], features["paper"][[9, 0]])
+
+
+def test_a_homogeneous_loader_points_dict_ids_at_heterogeneous_true() -> None:
+    source = [({"paper": torch.arange(3)}, torch.arange(2), None)]
+    with PingPongLoader(source, torch.randn(5, 2)) as loader:
+        with pytest.raises(pingpong.IdTypeError, match="heterogeneous=True"):
+            list(loader)
+
+
+def test_dict_labels_on_a_homogeneous_loader_point_at_heterogeneous_true() -> None:
+    with pytest.raises(pingpong.TableError, match="heterogeneous=True"):
+        PingPongLoader([], torch.randn(5, 2), {"paper": torch.arange(5)})
+
+
+# --------------------------------------------------------------------------- DGL
+@pytest.fixture(scope="module")
+def mag_like() -> Any:
+    """A small heterograph shaped like ogbn-mag: papers, authors, fields."""
+    dgl = pytest.importorskip("dgl")
+    gen = torch.Generator().manual_seed(1)
+
+    def edges(n_src: int, n_dst: int, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.randint(0, n_src, (m,), generator=gen),
+                torch.randint(0, n_dst, (m,), generator=gen))
+
+    return dgl.heterograph({
+        ("paper", "cites", "paper"): edges(300, 300, 1500),
+        ("author", "writes", "paper"): edges(120, 300, 600),
+        ("paper", "written_by", "author"): edges(300, 120, 600),
+        ("field", "has", "paper"): edges(10, 300, 300),
+    }, num_nodes_dict={"paper": 300, "author": 120, "field": 10})
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+def test_dgl_heterograph_loader_batches_equal_the_reference(mag_like: Any,
+                                                            device_kind: str) -> None:
+    import dgl
+
+    features, labels = tables()
+    source = dgl.dataloading.DataLoader(
+        mag_like, {"paper": torch.arange(200)}, dgl.dataloading.NeighborSampler([4, 4]),
+        batch_size=32, shuffle=True)
+    device = make_device(device_kind)
+    with PingPongLoader(source, features, labels, device=device,
+                        heterogeneous=True) as loader:
+        for _ in range(2):
+            batches = 0
+            for batch in loader:
+                check_where_the_model_reads(device, batch, features, labels)
+                assert set(batch.input_nodes) == {"paper", "author", "field"}
+                assert len(batch.blocks) == 2
+                batches += 1
+            assert batches == len(source) == 7
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+def test_a_heterogeneous_block_has_no_edge_block_form(mag_like: Any) -> None:
+    import dgl
+
+    source = dgl.dataloading.DataLoader(
+        mag_like, {"paper": torch.arange(8)}, dgl.dataloading.NeighborSampler([2]),
+        batch_size=8)
+    _, _, blocks = next(iter(source))
+    with pytest.raises(TypeError, match="4 edge types"):
+        pingpong.as_edge_block(blocks[0])
