@@ -61,12 +61,13 @@ def batch_ids(
     array (the same object, so a device stages it once) and the labels get
     ``output_nodes``.  Heterogeneous store: table ``ntype`` gets
     ``input_nodes[ntype]`` (labels: ``output_nodes[ntype]``), each checked
-    against that table's own row count; node types without a table are not
+    against that table's own row count; a node type that has a table but no
+    entry in the dict gets no ids (DGL leaves out of ``output_nodes`` the seed
+    types a batch happens not to contain); node types without a table are not
     looked at (their ids are delivered as given).
 
     Raises what :func:`host_ids` raises, and ``IdTypeError`` when a
-    heterogeneous batch's ids are not a dict or lack a node type that has a
-    table.
+    heterogeneous batch's ids are not a dict.
     """
     if not store.heterogeneous:
         x_ids = host_ids(input_nodes, store.num_rows, "input_nodes")
@@ -80,19 +81,20 @@ def batch_ids(
     )
 
 
+_NO_IDS = np.empty(0, dtype=np.int64)
+_NO_IDS.flags.writeable = False
+
+
 def _typed_ids(ids: Any, tables: dict[str | None, HostTable], name: str) -> TableIds:
+    """Each table's validated ids from a dict by node type (none where the type is absent)."""
     if not isinstance(ids, Mapping):
         raise IdTypeError(
             f"heterogeneous=True: {name} must be a dict {{node type: ids}}, got "
             f"{type(ids).__name__}"
         )
-    missing = [ntype for ntype in tables if ntype not in ids]
-    if missing:
-        raise IdTypeError(
-            f"{name} has no ids for node type(s) {missing} that have a table "
-            f"(it has {sorted(map(str, ids))})"
-        )
     return {
         ntype: host_ids(ids[ntype], table.num_rows, f"{name}[{ntype!r}]")
+        if ntype in ids
+        else _NO_IDS
         for ntype, table in tables.items()
     }

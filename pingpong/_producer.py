@@ -22,7 +22,7 @@ from ._ids import TableIds, batch_ids
 from .devices.base import Device, Event
 from .slots import Buffer, Slot
 from .stats import LoaderStats
-from .store import FeatureStore
+from .store import FeatureStore, HostTable
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def produce(
                 sample_s=t1 - t0,
                 validate_s=t2 - t1,
                 gather_s=t4 - t3,
-                rows_gathered=_input_rows(x_ids),
+                rows_gathered=_input_rows(store, x_ids),
                 bytes_gathered=_bytes(store.tables, x_ids) + _bytes(store.label_tables, y_ids),
             )
             seq += 1
@@ -143,16 +143,25 @@ def produce(
         ready_q.put(Failure(exc))
 
 
-def _input_rows(x_ids: TableIds) -> int:
-    """Input rows of a batch: one id array shared by every table, or one per node type."""
-    return sum(len(ids) for ids in {id(ids): ids for ids in x_ids.values()}.values())
+def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:
+    """Input nodes of a batch: the one id array of a homogeneous batch, or all types' ids."""
+    if not store.heterogeneous:
+        return len(next(iter(x_ids.values())))
+    return sum(len(ids) for ids in x_ids.values())
 
 
-def _bytes(tables: dict[str | None, Any], ids: TableIds) -> int:
+def _bytes(tables: dict[str | None, HostTable], ids: TableIds) -> int:
+    """Bytes gathered from ``tables`` when each is read at ``ids[key]``."""
     return sum(len(ids[key]) * table.row_bytes for key, table in tables.items())
 
 
-def _gather_all(buffers: dict[str | None, Buffer], ids: TableIds, device: Device) -> dict:
+def _gather_all(
+    buffers: dict[str | None, Buffer], ids: TableIds, device: Device
+) -> dict[str | None, Any]:
+    """Queue the gather of every buffer's table at ``ids[key]`` into the buffer.
+
+    Returns the row views (valid until the slot is refilled), by key.
+    """
     out = {}
     for key, buffer in buffers.items():
         n = len(ids[key])

@@ -67,14 +67,20 @@ def is_dgl_block(block: Any) -> bool:
 def edge_block_from_dgl(block: Any) -> EdgeBlock:
     """The :class:`EdgeBlock` of a DGL block (same local ids, on its device).
 
-    ``TypeError`` for a heterogeneous block (more than one edge type): an
-    :class:`EdgeBlock` has one edge list, and merging the types would lose them.
+    ``TypeError`` for a heterogeneous block (more than one edge type, or more
+    than one source or destination node type, as in a bipartite ``user ->
+    item`` block): an :class:`EdgeBlock` has one edge list over one id space
+    per side, and merging the types would mix their local ids.
     """
     etypes = getattr(block, "canonical_etypes", [])
-    if len(etypes) > 1:
+    srctypes = getattr(block, "srctypes", [])
+    dsttypes = getattr(block, "dsttypes", [])
+    if max(len(etypes), len(srctypes), len(dsttypes)) > 1:
         raise TypeError(
-            f"a heterogeneous DGL block ({len(etypes)} edge types) has no single-edge-list "
-            "EdgeBlock form; on CUDA this needs a DGL build that can move blocks to the GPU"
+            f"a heterogeneous DGL block ({len(etypes)} edge types, source node types "
+            f"{list(srctypes)}, destination node types {list(dsttypes)}) has no "
+            "single-edge-list EdgeBlock form; on CUDA this needs a DGL build that can "
+            "move blocks to the GPU"
         )
     src, dst = block.edges()
     return EdgeBlock(

@@ -84,6 +84,7 @@ class Slot:
 
     @property
     def buffers(self) -> list[Buffer]:
+        """Every feature and label buffer of the slot."""
         return [*self.x.values(), *self.y.values()]
 
     @property

@@ -120,7 +120,7 @@ class FeatureStore:
     def num_rows(self) -> int:
         """Rows of the (homogeneous) tables; heterogeneous tables differ."""
         if self.heterogeneous:
-            raise AttributeError("heterogeneous tables have one row count per node type")
+            raise TypeError("heterogeneous tables have one row count per node type")
         return next(iter(self.tables.values())).num_rows
 
     @property

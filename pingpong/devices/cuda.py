@@ -26,7 +26,7 @@ Stream/event choreography, per slot (see docs/design):
    to the free queue with it.
 
 The only host waits: reusing a pinned *id or row staging buffer* waits for the
-copy that read it ``len(ring)`` fills ago (normally long complete), and
+copy that read it ``STAGING_RING`` fills ago (normally long complete), and
 ``close()`` synchronises the copy stream before unpinning the tables.
 """
 
@@ -73,10 +73,14 @@ class _Staging:
 
 @dataclass
 class _Ring:
-    buffers: list[_Staging] = field(
-        default_factory=lambda: [_Staging() for _ in range(STAGING_RING)]
-    )
+    """Staging buffers taken round-robin; ``size`` = takes per fill x ``STAGING_RING``."""
+
+    size: int = STAGING_RING
+    buffers: list[_Staging] = field(default_factory=list)
     next: int = 0
+
+    def __post_init__(self) -> None:
+        self.buffers = [_Staging() for _ in range(self.size)]
 
     def take(self) -> _Staging:
         """The next buffer, after the copy that last read it completed."""
@@ -135,6 +139,10 @@ class CUDADevice(Device):
 
     def attach(self, store: FeatureStore) -> None:
         tables = store.all_tables
+        # Id arrays staged per fill: one shared by the feature tables and one for
+        # the labels, or one per table for a heterogeneous store.
+        ids_per_fill = len(tables) if store.heterogeneous else 1 + len(store.label_tables)
+        self._id_ring = _Ring(STAGING_RING * ids_per_fill)
         if self.gather_mode == "staged":
             return
         with self._numba_gpu():
