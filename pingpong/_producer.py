@@ -68,7 +68,9 @@ def _unpack(item: Any, seq: int) -> tuple[Any, Any, Any]:
     return item[0], item[1], item[2]
 
 
-def _take_free_slot(free_q: queue.Queue[Slot], stop: threading.Event, poll_s: float) -> Slot | None:
+def _take_free_slot(
+    free_q: queue.SimpleQueue[Slot], stop: threading.Event, poll_s: float
+) -> Slot | None:
     while not stop.is_set():
         try:
             return free_q.get(timeout=poll_s)
@@ -81,8 +83,8 @@ def produce(
     source: Iterable[Any],
     store: FeatureStore,
     device: Device,
-    free_q: queue.Queue[Slot],
-    ready_q: queue.Queue[Delivery | EndOfEpoch | Failure],
+    free_q: queue.SimpleQueue[Slot],
+    ready_q: queue.SimpleQueue[Delivery | EndOfEpoch | Failure],
     stop: threading.Event,
     write_lock: threading.Lock,
     stats: LoaderStats,

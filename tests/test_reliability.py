@@ -245,7 +245,7 @@ def jittery_queues(seed: int, max_s: float) -> Iterator[None]:
             pause = rng.random() * max_s
         time.sleep(pause)
 
-    class JitterQueue(queue.Queue):  # type: ignore[type-arg]
+    class JitterQueue(queue.SimpleQueue):  # type: ignore[type-arg]
         def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
             jitter()
             super().put(item, block, timeout)
@@ -259,7 +259,9 @@ def jittery_queues(seed: int, max_s: float) -> Iterator[None]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(
-            epoch_module, "queue", types.SimpleNamespace(Queue=JitterQueue, Empty=queue.Empty)
+            epoch_module,
+            "queue",
+            types.SimpleNamespace(SimpleQueue=JitterQueue, Empty=queue.Empty),
         )
         yield
 
