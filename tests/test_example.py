@@ -25,8 +25,8 @@ TINY = ["--sampler", "builtin", "--num-nodes", "4000", "--num-classes", "4",
 CHANCE = 1 / 4
 
 
-def run_example(tmp_path: Path, name: str, *args: str,
-                timeout: float = 120) -> tuple[dict[str, Any], str]:
+def run_example(tmp_path: Path, name: str, *args: str, timeout: float = 120,
+                script: Path = SCRIPT) -> tuple[dict[str, Any], str]:
     """Run the script; return its --json summary and its stdout.
 
     The script runs in its own session, so that a hung run (including the
@@ -34,7 +34,7 @@ def run_example(tmp_path: Path, name: str, *args: str,
     """
     out = tmp_path / f"{name}.json"
     env = dict(os.environ, PYTHONHASHSEED="0")
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), *args, "--json", str(out)],
+    proc = subprocess.Popen([sys.executable, str(script), *args, "--json", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path, env=env, start_new_session=True)
     try:
@@ -42,7 +42,7 @@ def run_example(tmp_path: Path, name: str, *args: str,
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        pytest.fail(f"train_sage.py {' '.join(args)} ran over {timeout} s:\n{stdout}{stderr}")
+        pytest.fail(f"{script.name} {' '.join(args)} ran over {timeout} s:\n{stdout}{stderr}")
     assert proc.returncode == 0, stdout + stderr
     return json.loads(out.read_text()), stdout
 
