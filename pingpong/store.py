@@ -111,6 +111,12 @@ class FeatureStore:
     tables: dict[str | None, HostTable]
     label_tables: dict[str | None, HostTable]
     heterogeneous: bool = False
+    #: ``N`` of a homogeneous store, looked up once (read per batch); 0 if heterogeneous.
+    rows: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if not self.heterogeneous:
+            object.__setattr__(self, "rows", next(iter(self.tables.values())).num_rows)
 
     @property
     def is_dict(self) -> bool:
@@ -121,7 +127,7 @@ class FeatureStore:
         """Rows of the (homogeneous) tables; heterogeneous tables differ."""
         if self.heterogeneous:
             raise TypeError("heterogeneous tables have one row count per node type")
-        return next(iter(self.tables.values())).num_rows
+        return self.rows
 
     @property
     def all_tables(self) -> list[HostTable]:
