@@ -70,10 +70,10 @@ def batch_ids(
     heterogeneous batch's ids are not a dict.
     """
     if not store.heterogeneous:
-        x_ids = host_ids(input_nodes, store.rows, "input_nodes")
+        x_ids = host_ids(input_nodes, store.num_rows, "input_nodes")
         y_ids: TableIds = {}
         if store.label_tables:
-            y_ids[None] = host_ids(output_nodes, store.rows, "output_nodes")
+            y_ids[None] = host_ids(output_nodes, store.num_rows, "output_nodes")
         return dict.fromkeys(store.tables, x_ids), y_ids
     return (
         _typed_ids(input_nodes, store.tables, "input_nodes"),

@@ -111,23 +111,17 @@ class FeatureStore:
     tables: dict[str | None, HostTable]
     label_tables: dict[str | None, HostTable]
     heterogeneous: bool = False
-    #: ``N`` of a homogeneous store, looked up once (read per batch); 0 if heterogeneous.
-    rows: int = field(init=False, default=0)
+    #: ``N`` of a homogeneous store (read per batch); 0 if heterogeneous, whose
+    #: tables each have their own.
+    num_rows: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         if not self.heterogeneous:
-            object.__setattr__(self, "rows", next(iter(self.tables.values())).num_rows)
+            object.__setattr__(self, "num_rows", next(iter(self.tables.values())).num_rows)
 
     @property
     def is_dict(self) -> bool:
         return None not in self.tables
-
-    @property
-    def num_rows(self) -> int:
-        """Rows of the (homogeneous) tables; heterogeneous tables differ."""
-        if self.heterogeneous:
-            raise TypeError("heterogeneous tables have one row count per node type")
-        return self.rows
 
     @property
     def all_tables(self) -> list[HostTable]:

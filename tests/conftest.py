@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,3 +70,28 @@ def make_triples(
 @pytest.fixture
 def dgl():
     return pytest.importorskip("dgl")
+
+
+def run_in_own_session(
+    command: list[str],
+    *,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> tuple[int, str, str]:
+    """Run ``command``; return ``(returncode, stdout, stderr)``.
+
+    The command runs in its own session, so that on a timeout it is killed
+    together with every process it started (DDP ranks, say), and the test
+    fails with its output instead of leaving them behind.
+    """
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=None if env is None else dict(env), cwd=cwd,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{' '.join(command)} ran over {timeout} s:\n{stdout}{stderr}")
+    return proc.returncode, stdout, stderr

@@ -13,8 +13,6 @@ import importlib.util
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import run_in_own_session
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -154,19 +153,10 @@ def test_one_process_draws_are_keyed_as_before_sharding_existed(small_graph: Any
 # --------------------------------------------------------------------------- real DDP
 def run_ranks(kind: str, tmp_path: Path, device: str = "cpu") -> list[dict[str, Any]]:
     """Run the gloo job; return each rank's JSON report (rank order), then the parent's."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    # Its own process group, so that a hung job's ranks are killed with it.
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), str(WORLD_SIZE), kind, str(tmp_path),
-                             device],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the DDP job hung (ranks out of step?):\n{output}")
-    assert proc.returncode == 0, output
+    returncode, stdout, stderr = run_in_own_session(
+        [sys.executable, str(SCRIPT), str(WORLD_SIZE), kind, str(tmp_path), device],
+        timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))  # a hang: ranks out of step?
+    assert returncode == 0, stdout + stderr
     names = [f"rank{r}.json" for r in range(WORLD_SIZE)] + ["parent.json"]
     return [json.loads((tmp_path / name).read_text()) for name in names]
 

@@ -6,13 +6,12 @@ import importlib.util
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_in_own_session
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "train_sage.py"
@@ -33,17 +32,10 @@ def run_example(tmp_path: Path, name: str, *args: str, timeout: float = 120,
     ranks a ``--nprocs`` run spawns) is killed as a whole.
     """
     out = tmp_path / f"{name}.json"
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    proc = subprocess.Popen([sys.executable, str(script), *args, "--json", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path, env=env, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        pytest.fail(f"{script.name} {' '.join(args)} ran over {timeout} s:\n{stdout}{stderr}")
-    assert proc.returncode == 0, stdout + stderr
+    returncode, stdout, stderr = run_in_own_session(
+        [sys.executable, str(script), *args, "--json", str(out)], timeout=timeout,
+        env=dict(os.environ, PYTHONHASHSEED="0"), cwd=tmp_path)
+    assert returncode == 0, stdout + stderr
     return json.loads(out.read_text()), stdout
 
 
