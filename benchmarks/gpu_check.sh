@@ -3,7 +3,8 @@
 # CUDA, numba-cuda; no DGL, no network).  Each step has its own time limit (the
 # sum of all limits is over 8 minutes: in a short GPU session, name the steps):
 #   tests     the CUDA tests (tests/test_cuda.py; the kernel tests on the real GPU;
-#             tests/test_heterogeneous.py: per-node-type tables)
+#             tests/test_heterogeneous.py: per-node-type tables; no process-wide side
+#             effects of the kernels under this NumPy: tests/test_import_side_effects.py)
 #   reliability  the reliability suite's GPU cases (tests/test_reliability*.py -m cuda):
 #             exactly-once in order, hash / torch.cuda._sleep / hash in every gather
 #             mode, early exit, consumer failure, bad ids, 100-lifecycle leaks
@@ -48,7 +49,8 @@ for step in $steps; do
   case $step in
     tests)
       run tests 150 $py -m pytest -q -p no:cacheprovider -W default \
-        tests/test_cuda.py tests/test_kernels_cudasim.py tests/test_heterogeneous.py ;;
+        tests/test_cuda.py tests/test_kernels_cudasim.py tests/test_heterogeneous.py \
+        tests/test_import_side_effects.py ;;
     reliability)
       run reliability 180 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
         tests/test_reliability.py tests/test_reliability_lifecycle.py \

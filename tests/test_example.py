@@ -39,23 +39,46 @@ def run_example(tmp_path: Path, name: str, *args: str, timeout: float = 120,
     return json.loads(out.read_text()), stdout
 
 
-@pytest.fixture(scope="module")
-def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
-    tmp = tmp_path_factory.mktemp("plain")
+#: Counters only PingPongLoader reports (the plain loop's SyncLoader has none of
+#: them): a run's stats show which loader really delivered its batches.
+PINGPONG_ONLY_STATS = {"validate_s", "consumer_stall_s", "overlap_ratio", "slot_bytes"}
+
+
+def dumped_run(tmp_path_factory: pytest.TempPathFactory,
+               loader: str) -> tuple[dict[str, Any], str, Path]:
+    tmp = tmp_path_factory.mktemp(loader)
     dump = tmp / "batches.json"
-    result, stdout = run_example(tmp, "plain", *TINY, "--loader", "dgl",
+    result, stdout = run_example(tmp, loader, *TINY, "--loader", loader,
                                  "--dump-batches", str(dump))
     return result, stdout, dump
 
 
-@pytest.mark.slow  # a subprocess run of the script (~4 s)
-def test_sage_learns_and_reports_dgl_style(plain_run: tuple[dict[str, Any], str, Path]) -> None:
-    result, stdout, _ = plain_run
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
+    """The plain loop (``--loader dgl``) on TINY, with its batch digests."""
+    return dumped_run(tmp_path_factory, "dgl")
+
+
+@pytest.fixture(scope="module")
+def pingpong_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str, Path]:
+    """The same run through PingPongLoader (``--loader pingpong``)."""
+    return dumped_run(tmp_path_factory, "pingpong")
+
+
+@pytest.mark.slow  # a subprocess run of the script per loader (~4 s each)
+@pytest.mark.parametrize("loader", ["dgl", "pingpong"], ids=["plain-loop", "pingpong"])
+def test_sage_learns_and_reports_dgl_style(loader: str, request: pytest.FixtureRequest) -> None:
+    """GraphSAGE learns through each loader, and the log has DGL's example format."""
+    result, stdout, _ = request.getfixturevalue("plain_run" if loader == "dgl" else "pingpong_run")
+    assert (result["loader"], result["device"], result["model"]) == (loader, "cpu", "sage")
+    if loader == "pingpong":  # the batches really came through PingPongLoader
+        assert result["stats"].keys() >= PINGPONG_ONLY_STATS, result["stats"]
+    else:
+        assert not PINGPONG_ONLY_STATS & result["stats"].keys(), result["stats"]
     assert result["test_acc"] > CHANCE + 0.4
     assert result["val_acc"] > CHANCE + 0.3
     assert len(result["epoch_times"]) == 3
     assert result["samples_per_sec"] > 0
-    assert (result["loader"], result["device"], result["model"]) == ("dgl", "cpu", "sage")
     assert result["stats"]["batches"] == len(result["losses"])
     assert re.search(r"^Epoch 00000 \| Step 00010 \| Loss \d+\.\d{4} \| Train Acc \d\.\d{4} \| "
                      r"Speed \(samples/sec\) \d+\.\d$", stdout, re.M), stdout
@@ -73,15 +96,15 @@ def test_mlp_baseline_is_worse(tmp_path: Path,
     assert CHANCE < mlp["test_acc"] < plain_run[0]["test_acc"] - 0.08
 
 
-@pytest.mark.slow  # a subprocess run of the script (~4 s)
+@pytest.mark.slow  # uses the two module runs above
 def test_pingpong_sees_the_same_batches_as_the_plain_loop(
-        tmp_path: Path, plain_run: tuple[dict[str, Any], str, Path]) -> None:
+        plain_run: tuple[dict[str, Any], str, Path],
+        pingpong_run: tuple[dict[str, Any], str, Path]) -> None:
     """Bit-identical ids, features, labels and blocks per step, and identical losses."""
     plain, _, plain_dump = plain_run
-    dump = tmp_path / "batches.json"
-    ours, _ = run_example(tmp_path, "pingpong", *TINY, "--loader", "pingpong",
-                          "--dump-batches", str(dump))
+    ours, _, dump = pingpong_run
     assert ours["loader"] == "pingpong"
+    assert ours["stats"].keys() >= PINGPONG_ONLY_STATS
     digests, plain_digests = json.loads(dump.read_text()), json.loads(plain_dump.read_text())
     assert len(digests) == len(plain_digests) == ours["stats"]["batches"]
     assert digests == plain_digests
@@ -107,7 +130,13 @@ def test_graph_file_dgl_blocks_bf16_through_pingpong(tmp_path: Path) -> None:
         "--epochs", "2", "--feat-dtype", "bfloat16", "--amp", "bf16", "--lr", "0.01")
     assert "3000 nodes, 64 features, 4 classes" in stdout
     assert (result["sampler"], result["loader"]) == ("dgl", "pingpong")
-    assert result["stats"]["batches"] == len(result["losses"])
+    stats = result["stats"]
+    assert stats.keys() >= PINGPONG_ONLY_STATS, stats  # PingPongLoader delivered the batches
+    assert stats["batches"] == len(result["losses"])
+    # Features gathered as bfloat16: 64 x 2 bytes per input row, plus an int64 label
+    # per output row (output nodes are a subset of the input nodes); float32 would
+    # need 256 bytes per input row.
+    assert 128 * stats["rows_gathered"] < stats["bytes_gathered"] <= 136 * stats["rows_gathered"]
     assert result["test_acc"] > CHANCE + 0.2
 
 

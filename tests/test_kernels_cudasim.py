@@ -18,11 +18,13 @@ import importlib
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+from numba.core.errors import NumbaPerformanceWarning
 
 from pingpong.errors import (
     ConfigError,
@@ -258,24 +260,55 @@ def test_device_ids(ids_on: str, sort_ids: bool) -> None:
     assert_same_bytes(out, host[ids])
 
 
+class _CountingKernel:
+    """Stands in for a kernel: counts launches, runs none."""
+
+    def __init__(self) -> None:
+        self.launches = 0
+
+    def __getitem__(self, config: object) -> object:
+        self.launches += 1
+        return lambda *args: None
+
+
 @pytest.mark.parametrize("ids_on", ["host", "device"])
-def test_empty_ids(ids_on: str) -> None:
-    table = cuda.to_device(np.arange(12, dtype=np.float32).reshape(4, 3))
+def test_empty_ids(ids_on: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing to copy: nothing is launched, and ``out`` is NumPy's ``table[ids]``."""
+    host = np.arange(12, dtype=np.float32).reshape(4, 3)
     ids = np.zeros(0, dtype=np.int64)
     out = cuda.device_array((0, 3), dtype=np.float32)
-    kc.gather_rows_cuda(table, ids if ids_on == "host" else cuda.to_device(ids), out)
-    assert to_host(out).shape == (0, 3)
+    gather, minmax = _CountingKernel(), _CountingKernel()
+    monkeypatch.setattr(kc, "_gather_kernel", gather)
+    monkeypatch.setattr(kc, "_minmax_kernel", minmax)
+    kc.gather_rows_cuda(cuda.to_device(host), ids if ids_on == "host" else cuda.to_device(ids),
+                        out)
+    assert (gather.launches, minmax.launches) == (0, 0)
+    assert_same_bytes(out, host[ids])
 
 
 def test_empty_table_with_empty_ids() -> None:
+    """No ids from no rows give NumPy's ``table[ids]``; any id is out of range."""
     table = cuda.device_array((0, 4), dtype=np.int16)
-    kc.gather_rows_cuda(table, np.zeros(0, np.int32), cuda.device_array((0, 4), np.int16))
+    ids = np.zeros(0, np.int32)
+    out = cuda.device_array((0, 4), np.int16)
+    kc.gather_rows_cuda(table, ids, out)
+    assert_same_bytes(out, np.zeros((0, 4), np.int16)[ids])
+    out = sentinel_out(1, 4, np.int16)
+    with pytest.raises(IdRangeError):
+        kc.gather_rows_cuda(table, np.zeros(1, np.int32), out)
+    assert_all_sentinel(out)
 
 
 def test_zero_width_rows() -> None:
+    """Rows of zero bytes: ids are still checked; ``out`` is ``table[ids]``, shape (3, 0)."""
     table = cuda.device_array((5, 0), dtype=np.float32)
+    ids = np.array([4, 0, 4], np.int64)
     out = cuda.device_array((3, 0), dtype=np.float32)
-    kc.gather_rows_cuda(table, np.array([4, 0, 4], np.int64), out)
+    kc.gather_rows_cuda(table, ids, out)
+    assert_same_bytes(out, np.zeros((5, 0), np.float32)[ids])
+    with pytest.raises(IdRangeError):
+        kc.gather_rows_cuda(table, np.array([0, 5], np.int64),
+                            cuda.device_array((2, 0), dtype=np.float32))
 
 
 def test_single_row_table_duplicate_ids() -> None:
@@ -297,16 +330,119 @@ def test_stream_argument() -> None:
 
 
 def test_default_tuning_emits_no_warning() -> None:
+    """No warning at all, Numba's low-occupancy one included (real GPU: the default
+    grid is far below Numba's 128 blocks), and no warning filter installed."""
     host = random_rows(np.random.default_rng(4), 8, 4, np.float32)
     ids = np.arange(8, dtype=np.int64)[::-1].copy()
     out = sentinel_out(8, 4, np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        # Numba's low-occupancy warning for small grids is expected on a real GPU
-        # (pingpong filters it process-wide); any other warning fails the test.
-        warnings.filterwarnings("ignore", message=kc.LOW_OCCUPANCY_WARNING)
+        filters = list(warnings.filters)
         kc.gather_rows_cuda(cuda.to_device(host), cuda.to_device(ids), out)
+        assert warnings.filters == filters
     assert_same_bytes(out, host[ids])
+
+
+def _occupancy_flags() -> list[object]:
+    """Numba's low-occupancy switch in each config module it may be read from."""
+    return [module.CUDA_LOW_OCCUPANCY_WARNINGS for module in kc._OCCUPANCY_CONFIGS]
+
+
+class _WarnsLikeNumba:
+    """Wraps a kernel and warns as Numba does for a grid of under 128 blocks while
+    ``CUDA_LOW_OCCUPANCY_WARNINGS`` is set -- both when the launch is configured
+    (numba-cuda 0.30) and when it runs (other versions) -- recording the switch's
+    values at each stage. The simulator's own launches never warn."""
+
+    def __init__(self, kernel: object, seen: list[tuple[str, list[object]]]) -> None:
+        self.kernel = kernel
+        self.seen = seen
+
+    def check(self, stage: str, blocks: int) -> None:
+        flags = _occupancy_flags()
+        self.seen.append((stage, flags))
+        if any(flags) and blocks < 128:
+            warnings.warn(NumbaPerformanceWarning(
+                f"\x1b[1mGrid size {blocks} will likely result in GPU under-utilization "
+                "due to low occupancy.\x1b[0m"), stacklevel=2)
+
+    def __getitem__(self, config: tuple) -> object:
+        blocks = int(np.prod(config[0]))
+        self.check("configure", blocks)
+        launch = self.kernel[config]
+
+        def run(*args: object) -> None:
+            self.check("launch", blocks)
+            launch(*args)
+
+        return run
+
+
+def test_low_occupancy_warning_is_off_only_inside_pingpongs_launches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both kernels' configure and launch run with Numba's warning switched off; no
+    filter is installed, and the switch is back on for the caller's own launches."""
+    flags = _occupancy_flags()
+    if not any(flags):
+        pytest.skip("Numba's low-occupancy warning is off in this environment")
+    seen: list[tuple[str, list[object]]] = []
+    gather = _WarnsLikeNumba(kc._gather_kernel, seen)
+    monkeypatch.setattr(kc, "_gather_kernel", gather)
+    monkeypatch.setattr(kc, "_minmax_kernel", _WarnsLikeNumba(kc._minmax_kernel, seen))
+    host = random_rows(np.random.default_rng(8), 20, 6, np.float32)
+    ids = np.array([19, 0, 7, 7, 3], dtype=np.int64)
+    out = sentinel_out(len(ids), 6, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        filters = list(warnings.filters)
+        kc.gather_rows_cuda(cuda.to_device(host), cuda.to_device(ids), out, **SMALL)
+        assert warnings.filters == filters
+    assert_same_bytes(out, host[ids])
+    assert [stage for stage, _ in seen] == ["configure", "launch"] * 2  # min/max, gather
+    assert all(not any(stage_flags) for _, stage_flags in seen), seen
+    assert _occupancy_flags() == flags
+    with pytest.warns(NumbaPerformanceWarning, match="under-utilization"):
+        gather.check("the caller's own launch", 1)
+
+
+def test_low_occupancy_switch_is_reference_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Overlapping launches (two threads) restore the switch once the last one
+    leaves; an exception restores it; a value set meanwhile by others is kept."""
+    for module in kc._OCCUPANCY_CONFIGS:  # put back whatever this test leaves
+        monkeypatch.setattr(module, "CUDA_LOW_OCCUPANCY_WARNINGS",
+                            module.CUDA_LOW_OCCUPANCY_WARNINGS)
+        module.CUDA_LOW_OCCUPANCY_WARNINGS = 1
+    first_inside, second_inside, first_left = (threading.Event() for _ in range(3))
+
+    def first_launch() -> None:
+        with kc._low_occupancy_warnings_off():
+            first_inside.set()
+            assert second_inside.wait(10)
+        first_left.set()
+
+    thread = threading.Thread(target=first_launch)
+    thread.start()
+    try:
+        assert first_inside.wait(10)
+        with kc._low_occupancy_warnings_off():
+            second_inside.set()
+            assert first_left.wait(10)
+            assert _occupancy_flags() == [0] * len(kc._OCCUPANCY_CONFIGS)  # still inside
+    finally:
+        second_inside.set()
+        thread.join(10)
+    assert _occupancy_flags() == [1] * len(kc._OCCUPANCY_CONFIGS)
+
+    with pytest.raises(RuntimeError, match="launch failed"):
+        with kc._low_occupancy_warnings_off():
+            raise RuntimeError("launch failed")
+    assert _occupancy_flags() == [1] * len(kc._OCCUPANCY_CONFIGS)
+
+    with kc._low_occupancy_warnings_off():
+        for module in kc._OCCUPANCY_CONFIGS:
+            module.CUDA_LOW_OCCUPANCY_WARNINGS = 2  # someone else's choice, meanwhile
+    assert _occupancy_flags() == [2] * len(kc._OCCUPANCY_CONFIGS)
 
 
 @pytest.mark.parametrize("id_dtype", [np.int32, np.int64])

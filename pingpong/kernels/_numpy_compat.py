@@ -1,21 +1,29 @@
-"""Let numba-cuda <= 0.30 import under NumPy >= 2.4.
+"""Let numba-cuda <= 0.30 load under NumPy >= 2.4, without changing NumPy for anyone else.
 
 numba-cuda registers overloads for ``np.row_stack``, ``np.trapz``, ``np.in1d``
-and a few other aliases at import time; NumPy 2.4+ removed them, so
-``from numba import cuda`` fails with ``AttributeError`` and no kernel can be
-compiled (seen on a GPU machine with NumPy 2.5.2).  :func:`patch` adds a
-placeholder for each *missing* name -- a function that raises if called --
-before numba-cuda is imported.  Nothing is changed when NumPy still has them.
+and a few other aliases; NumPy 2.4+ removed them, so numba-cuda fails with
+``AttributeError`` where it reads them (seen on a GPU machine with NumPy 2.5.2).
+Depending on the numba-cuda version that happens at ``from numba import cuda``
+or when the CUDA target loads its NumPy registries, at the first kernel compile
+(numba-cuda 0.30.4: ``numba.cuda.np.arrayobj`` reads ``np.row_stack``).
+
+:func:`missing_names_filled` adds a placeholder for each *missing* name -- a
+function that raises if called -- for the duration of a ``with`` block, and
+removes exactly the placeholders it added when the block ends, so that
+``hasattr(np, "trapz")`` keeps telling the truth to every other library.
+Nothing is changed when NumPy still has the names. While the block runs (an
+import, on the importing thread), other threads can see the placeholders.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-#: NumPy names that numba-cuda <= 0.30 overloads at import and NumPy >= 2.4 lacks.
+#: NumPy names that numba-cuda <= 0.30 overloads and NumPy >= 2.4 lacks.
 REMOVED_NAMES = ("row_stack", "trapz", "in1d", "round_", "asfarray")
 
 
@@ -27,11 +35,22 @@ def _placeholder(name: str) -> Callable[..., Any]:
     return removed
 
 
-def patch() -> list[str]:
-    """Add placeholders for the missing names; return the names added."""
-    added = []
+@contextmanager
+def missing_names_filled() -> Iterator[tuple[str, ...]]:
+    """Placeholders for the missing :data:`REMOVED_NAMES` inside the block.
+
+    Yields the names added (empty when NumPy has them all). On exit each
+    added name is deleted again, unless something else replaced it meanwhile.
+    """
+    added = {}
     for name in REMOVED_NAMES:
         if not hasattr(np, name):
-            setattr(np, name, _placeholder(name))
-            added.append(name)
-    return added
+            placeholder = _placeholder(name)
+            setattr(np, name, placeholder)
+            added[name] = placeholder
+    try:
+        yield tuple(added)
+    finally:
+        for name, placeholder in added.items():
+            if vars(np).get(name) is placeholder:
+                delattr(np, name)

@@ -37,27 +37,30 @@ Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run in Numba's simulator, on
 Numba's fake device arrays or plain NumPy arrays, with small default grids.
 Without a GPU and without the simulator this module still imports; the gather
 functions raise :class:`~pingpong.errors.GatherModeUnavailable`.
+
+Importing this module changes no process-wide state: NumPy's namespace is the
+same afterwards (see :mod:`pingpong.kernels._numpy_compat`), and no warning
+filter is installed (Numba's low-occupancy warning is switched off only around
+pingpong's own launches: :func:`_launch`).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import math
-import warnings
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import numba
 import numpy as np
 
+from ..errors import ConfigError, GatherModeUnavailable, IdTypeError, TableError
 from . import _numpy_compat
-
-_numpy_compat.patch()  # before numba-cuda's import: see _numpy_compat
-
-from numba import cuda  # noqa: E402
-
-from ..errors import ConfigError, GatherModeUnavailable, IdTypeError, TableError  # noqa: E402
-from ._checks import (  # noqa: E402
+from ._checks import (
     check_gather_shapes,
     check_id_array,
     check_id_range,
@@ -114,6 +117,47 @@ def is_simulator() -> bool:
     except ImportError:  # pragma: no cover - older numba-cuda layouts
         return bool(getattr(numba.config, "ENABLE_CUDASIM", 0))
     return bool(cuda_config.ENABLE_CUDASIM)
+
+
+def _load_cuda_target_registries() -> None:
+    """Load the CUDA target's typing and lowering registries now.
+
+    numba-cuda does this at the first kernel compile (``refresh()`` at the
+    start of every compilation; the registries are imported once); its NumPy
+    registries read the aliases NumPy 2.4 removed, so this must happen while
+    :func:`~pingpong.kernels._numpy_compat.missing_names_filled` is active.
+    Needs no GPU. A numba-cuda without ``numba.cuda.descriptor`` is left as it
+    is (its first compile then fails as it would without pingpong).
+    """
+    try:
+        from numba.cuda.descriptor import cuda_target
+    except ImportError:  # pragma: no cover - other numba-cuda layouts
+        return
+    try:
+        from numba.cuda.core.compiler_lock import global_compiler_lock
+    except ImportError:  # pragma: no cover - older numba-cuda layouts
+        from numba.core.compiler_lock import global_compiler_lock
+    with global_compiler_lock:
+        cuda_target.typing_context.refresh()
+        cuda_target.target_context.refresh()
+
+
+def _import_numba_cuda() -> Any:
+    """``numba.cuda``, imported with NumPy's removed aliases filled in only meanwhile.
+
+    When NumPy lacks any of them (NumPy >= 2.4), the CUDA target's registries
+    are loaded inside the same window (see :func:`_load_cuda_target_registries`),
+    so that kernels still compile once the placeholders are gone. The simulator
+    compiles nothing and needs no registries.
+    """
+    with _numpy_compat.missing_names_filled() as added:
+        cuda_module = importlib.import_module("numba.cuda")
+        if added and not is_simulator():
+            _load_cuda_target_registries()
+    return cuda_module
+
+
+cuda = _import_numba_cuda()
 
 
 def _require_cuda() -> None:
@@ -226,27 +270,80 @@ def _words(arr: Array, word_bytes: int) -> Array:
 
 #: Numba's warning for launches of fewer than 128 blocks (its text starts with
 #: a terminal colour code, hence the leading ``.*``: filters match from the start).
+#: pingpong's own launches never emit it (:func:`_launch`); the pattern is for
+#: callers that want to filter it in their own launches.
 LOW_OCCUPANCY_WARNING = r".*Grid size \d+ will likely result in GPU under-utilization"
 
 
-@functools.cache
-def _ignore_low_occupancy_warning() -> None:
-    """Silence Numba's low-occupancy warning, process-wide, once.
+def _occupancy_config_modules() -> tuple[Any, ...]:
+    """The Numba config modules whose ``CUDA_LOW_OCCUPANCY_WARNINGS`` gates the warning.
+
+    numba-cuda 0.30 reads ``numba.cuda.core.config``; older layouts read
+    ``numba.core.config``. Both are switched, where present.
+    """
+    modules: list[Any] = []
+    for name in ("numba.cuda.core.config", "numba.core.config"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "CUDA_LOW_OCCUPANCY_WARNINGS") and not any(
+            module is seen for seen in modules
+        ):
+            modules.append(module)
+    return tuple(modules)
+
+
+_OCCUPANCY_CONFIGS = _occupancy_config_modules()
+_occupancy_lock = threading.Lock()
+#: How many pingpong launches are inside :func:`_low_occupancy_warnings_off`, and
+#: the config values the first of them saved.
+_occupancy_users = 0
+_occupancy_saved: list[tuple[Any, Any]] = []
+
+
+@contextmanager
+def _low_occupancy_warnings_off() -> Iterator[None]:
+    """Numba's low-occupancy warning switched off for the duration of the block.
 
     Small grids are deliberate here (the gather is capped to a share of the
     SMs), so "Grid size N will likely result in GPU under-utilization" is
-    noise.  Depending on the numba-cuda version it is raised when the launch
-    is configured or when it runs, possibly in the producer thread, and
-    ``warnings.catch_warnings`` is not thread-safe, so one narrow filter
-    (this exact message only) is installed on the first launch instead.
+    noise. Numba checks ``CUDA_LOW_OCCUPANCY_WARNINGS`` when a launch is
+    configured (numba-cuda 0.30) or run (other versions), possibly in the
+    producer thread; ``warnings.catch_warnings`` is not thread-safe and a
+    ``warnings.filterwarnings`` call would change every other launch in the
+    process. So the flag is set to 0 while at least one pingpong launch is
+    being configured or run, and the value saved by the first is put back
+    when the last leaves (reference-counted under a lock; a value someone
+    else set meanwhile is kept). Launches made by other code *at the same
+    time* on other threads are not warned either; outside pingpong's launches
+    nothing changes.
     """
-    warnings.filterwarnings("ignore", message=LOW_OCCUPANCY_WARNING)
+    global _occupancy_users
+    with _occupancy_lock:
+        if _occupancy_users == 0:
+            _occupancy_saved[:] = [
+                (module, module.CUDA_LOW_OCCUPANCY_WARNINGS) for module in _OCCUPANCY_CONFIGS
+            ]
+            for module, _ in _occupancy_saved:
+                module.CUDA_LOW_OCCUPANCY_WARNINGS = 0
+        _occupancy_users += 1
+    try:
+        yield
+    finally:
+        with _occupancy_lock:
+            _occupancy_users -= 1
+            if _occupancy_users == 0:
+                for module, value in _occupancy_saved:
+                    if module.CUDA_LOW_OCCUPANCY_WARNINGS == 0:
+                        module.CUDA_LOW_OCCUPANCY_WARNINGS = value
+                _occupancy_saved.clear()
 
 
-def _configure(kernel: Any, blocks: int, threads: int, stream: Any) -> Any:
-    """``kernel[blocks, threads, stream]`` without Numba's low-occupancy warning."""
-    _ignore_low_occupancy_warning()
-    return kernel[blocks, threads, stream]
+def _launch(kernel: Any, blocks: int, threads: int, stream: Any, *args: Any) -> None:
+    """``kernel[blocks, threads, stream](*args)`` without Numba's low-occupancy warning."""
+    with _low_occupancy_warnings_off():
+        kernel[blocks, threads, stream](*args)
 
 
 def _to_device(host: np.ndarray, stream: Any) -> Array:
@@ -490,7 +587,7 @@ def check_ids_in_range(ids: Array, num_rows: int, stream: Any = None) -> None:
     result = _to_device(np.array([limits.max, limits.min], dtype=np.int64), launch_stream)
     threads = min(DEFAULT_THREADS_PER_BLOCK, _WARP * math.ceil(n / _WARP))
     blocks = max(1, min(math.ceil(n / threads), default_max_blocks(threads)))
-    _configure(_minmax_kernel, blocks, threads, launch_stream)(ids, result)
+    _launch(_minmax_kernel, blocks, threads, launch_stream, ids, result)
     lo, hi = (int(v) for v in _to_host(result, launch_stream))
     if lo < 0 or hi >= num_rows:
         raise_out_of_range(_to_host(ids, launch_stream), num_rows)
@@ -552,7 +649,11 @@ def gather_rows_cuda_unchecked(
         src = ids if on_device or is_simulator() else _to_device(ids, launch_stream)
         dst = src
         permuted = False
-    _configure(_gather_kernel, plan.blocks, plan.threads_per_block, launch_stream)(
+    _launch(
+        _gather_kernel,
+        plan.blocks,
+        plan.threads_per_block,
+        launch_stream,
         _words(table, plan.word_bytes),
         _words(out, plan.word_bytes),
         src,
