@@ -10,8 +10,11 @@ from __future__ import annotations
 from .batch import Batch
 from .blocks import EdgeBlock, as_edge_block
 from .errors import (
+    BatchExpiredError,
+    BatchFormError,
     BatchTimeoutError,
     ConfigError,
+    EpochSupersededError,
     GatherModeUnavailable,
     IdRangeError,
     IdShapeError,
@@ -28,9 +31,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Batch",
+    "BatchExpiredError",
+    "BatchFormError",
     "BatchTimeoutError",
     "ConfigError",
     "EdgeBlock",
+    "EpochSupersededError",
     "GatherModeUnavailable",
     "IdRangeError",
     "IdShapeError",

@@ -1,56 +1,60 @@
-"""One epoch: a producer thread, its queues, and the consumer's side of the protocol.
+"""One epoch: a producer thread, its queues, and the consumer's side of the slot protocol.
 
-An :class:`Epoch` is shared by the loader (which closes it before the next
-epoch starts) and the :class:`EpochIterator` the training loop holds.  The
-producer thread receives only the queues, locks and flags it needs, so the
-iterator can be garbage-collected while the producer runs; its finaliser
-only *requests* a stop (it may run on any thread, even the producer's).
+The states an epoch goes through and who moves it are in
+:mod:`pingpong._lifecycle`.  The producer thread receives only the queues,
+locks and flags it needs (:func:`pingpong._producer.produce`), never the
+epoch, the iterator or the loader, so dropping them stops it.
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._producer import Delivery, EndOfEpoch, Failure, produce
+from ._lifecycle import (
+    POLL_S,
+    SHORT_JOIN_TIMEOUT_S,
+    EpochState,
+    ended_error,
+    join_timeout,
+    register_epoch,
+)
+from ._producer import Delivery, Failure, Message, produce
 from .batch import Batch
 from .devices.base import Device
 from .errors import BatchTimeoutError, ProducerDiedError, SlotOverwriteError
-from .slots import Slot
+from .slots import Lease, Slot
 from .stats import LoaderStats
 from .store import FeatureStore
 
+if TYPE_CHECKING:
+    from .loader import PingPongLoader
+
 logger = logging.getLogger(__name__)
 
-#: How often blocked waits wake up to check stop flags and thread liveness.
-POLL_S = 0.05
-#: How long closing an epoch waits for its producer thread to exit.
-JOIN_TIMEOUT_S = 2.0
-#: The same after a timeout or interrupt, when the producer is likely stuck in the source.
-ERROR_JOIN_TIMEOUT_S = 0.1
-
-_live_epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
 _epoch_ids = itertools.count()
-#: Set by the exit hook: from then on, joins are short (a daemon producer stuck
-#: in the source writes nothing more, and waiting for it only delays exit).
-_exiting = False
-_exit_hook_registered = False
+
+
+class _Wakeup:
+    """Put on the ready queue by :meth:`Epoch.end` so that a waiting ``next()`` returns."""
+
+
+_WAKEUP = _Wakeup()
 
 
 class Epoch:
-    """The state of one pass over the source.  See the module docstring.
+    """One pass over the source; see :mod:`pingpong._lifecycle` for its states.
 
-    Invariants: after :meth:`close` returns, the producer writes no slot again
-    (it may still be blocked inside the source, and exits when that returns);
-    every slot this epoch took is either back in the loader's hands or held
-    by nobody.
+    Invariants: once :meth:`retire` returned, the producer writes no slot
+    again (it may still be blocked inside the source, and exits when that
+    returns).  The slot of the batch the training loop holds (``lease``) is
+    handed back only by the next ``next()`` or, after the epoch ended, by the
+    loader when its next epoch starts (:meth:`hand_back_lease`).
     """
 
     def __init__(
@@ -67,9 +71,13 @@ class Epoch:
     ) -> None:
         self.device = device
         self.debug = debug
-        self.held_generation = 0
         self.stats = stats
         self.timeout = timeout
+        self.state = EpochState.RUNNING
+        self.delivered = 0
+        self.lease: Lease | None = None
+        self.held_generation = 0
+        self._lock = threading.Lock()  # state, lease, delivered
         self.free_q: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         for slot in slots:
             self.free_q.put(slot)
@@ -79,14 +87,9 @@ class Epoch:
         # (benchmarks/sigint_queue.py and an earlier copy of it; five runs of
         # ~12,000 interrupts each): Queue ended two gets in "RuntimeError: release
         # unlocked lock" and hung once; SimpleQueue always raised KeyboardInterrupt.
-        self.ready_q: queue.SimpleQueue[Delivery | EndOfEpoch | Failure] = queue.SimpleQueue()
+        self.ready_q: queue.SimpleQueue[Message | _Wakeup] = queue.SimpleQueue()
         self.stop = threading.Event()
         self.write_lock = threading.Lock()
-        self.held: Slot | None = None
-        self.delivered = 0
-        self.finished = False
-        self.closed = False
-        self._close_lock = threading.Lock()
         self.thread = threading.Thread(
             target=produce,
             args=(
@@ -103,61 +106,106 @@ class Epoch:
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,
         )
-        _live_epochs.add(self)
-        _register_exit_hook()
+        register_epoch(self)
         stats.add(epochs=1)
         self.thread.start()
 
     # -- consumer side -------------------------------------------------------
     def next_batch(self) -> Batch:
-        """Release the held slot, wait for the next delivery, return it as a Batch."""
-        if self.finished:
-            raise StopIteration
+        """Hand back the held slot, wait for the next delivery, return it as a Batch."""
+        self._raise_if_ended()
         try:
-            if self.debug and self.held is not None:
+            if self.debug:
                 self._check_held("while the training loop held it")
-            self._release_held()
+            self._hand_back_held()
             message = self._wait_for_message()
         except BaseException:
             # Timeout, Ctrl-C, dead producer: the producer may be stuck in the
             # source, so do not wait long for it (slots are safe regardless).
-            self.close(join_timeout=ERROR_JOIN_TIMEOUT_S)
+            self._fail(SHORT_JOIN_TIMEOUT_S)
             raise
+        with self._lock:
+            if self.state is not EpochState.RUNNING:
+                # Ended from another thread while we waited.  A delivery taken
+                # here is dropped: its slot was never given to the training
+                # loop, and the next epoch starts with every slot free.
+                raise ended_error(self.state, self.delivered)
+            if isinstance(message, Delivery):
+                lease = self.lease = Lease(message.slot, self.device, message.ready_event)
+                self.delivered += 1
         if isinstance(message, Delivery):
-            self.device.consumer_wait(message.ready_event)
-            self.held = message.slot
+            return self._deliver(message, lease)
+        if isinstance(message, Failure):
+            self._fail(join_timeout())
+            raise message.exc
+        self.end(EpochState.EXHAUSTED)
+        self.retire(join_timeout())
+        raise StopIteration
+
+    def _deliver(self, message: Delivery, lease: Lease) -> Batch:
+        try:
+            lease.use_on(None)  # the stream current now waits for the batch
             if self.debug:
                 self.held_generation = message.generation
                 self._check_held("between its hand-off and its delivery")
-            self.delivered += 1
-            self.stats.add(batches=1)
-            return Batch(
-                message.input_nodes, message.output_nodes, message.blocks, message.x, message.y
-            )
-        self.close()
-        if isinstance(message, Failure):
-            raise message.exc
-        raise StopIteration
+        except BaseException:
+            self._fail(SHORT_JOIN_TIMEOUT_S)
+            raise
+        self.stats.add(batches=1)
+        return Batch.leased(
+            lease,
+            message.input_nodes,
+            message.output_nodes,
+            message.blocks,
+            message.x,
+            message.y,
+        )
+
+    def _raise_if_ended(self) -> None:
+        state = self.state
+        if state is not EpochState.RUNNING:
+            raise ended_error(state, self.delivered)
+
+    def _fail(self, join_s: float) -> None:
+        self.end(EpochState.FAILED)
+        self.retire(join_s)
 
     def _check_held(self, when: str) -> None:
-        slot = self.held
-        if slot is not None and slot.generation != self.held_generation:
-            self.held = None  # it is not ours any more: do not release it again
-            self.close(join_timeout=ERROR_JOIN_TIMEOUT_S)
+        lease = self.lease
+        if lease is not None and lease.slot.generation != self.held_generation:
+            self.lease = None  # it is not ours any more: do not hand it back again
+            self._fail(SHORT_JOIN_TIMEOUT_S)
             raise SlotOverwriteError(
-                f"slot {slot.index} was refilled {when} (generation "
-                f"{self.held_generation} -> {slot.generation}, after {self.delivered} "
-                "batches this epoch): the slot protocol is broken and batch data "
-                "may be corrupt"
+                f"slot {lease.slot.index} was refilled {when} (generation "
+                f"{self.held_generation} -> {lease.slot.generation}, after "
+                f"{self.delivered} batches this epoch): the slot protocol is broken "
+                "and batch data may be corrupt"
             )
 
-    def _release_held(self) -> None:
-        if self.held is not None:
-            slot, self.held = self.held, None
-            slot.release_event = self.device.consumer_record()
-            self.free_q.put(slot)
+    def _hand_back_held(self) -> None:
+        """``next()``: the held slot goes back to this epoch's producer."""
+        with self._lock:
+            lease, self.lease = self.lease, None
+        if lease is not None:
+            events = lease.end()
+            if events is not None:
+                lease.slot.release_events = events
+                self.free_q.put(lease.slot)
 
-    def _wait_for_message(self) -> Delivery | EndOfEpoch | Failure:
+    def hand_back_lease(self) -> None:
+        """After the epoch ended and retired: record the held slot's release events.
+
+        Called by the loader when its next epoch starts; from then on the
+        slot may be refilled, so the batch the training loop kept is invalid.
+        """
+        with self._lock:
+            lease, self.lease = self.lease, None
+        if lease is not None:
+            events = lease.end()
+            if events is not None:
+                lease.slot.release_events = events
+
+    def _wait_for_message(self) -> Message | _Wakeup:
         start = time.perf_counter()
         deadline = None if self.timeout is None else start + self.timeout
         try:
@@ -187,78 +235,55 @@ class Epoch:
         finally:
             self.stats.add(consumer_stall_s=time.perf_counter() - start)
 
-    # -- shutdown ------------------------------------------------------------
-    def request_stop(self) -> None:
-        """Ask the producer to stop; never blocks (safe from finalisers)."""
-        self.finished = True
-        self.stop.set()
+    # -- ending --------------------------------------------------------------
+    def end(self, state: EpochState) -> bool:
+        """Move a RUNNING epoch to ``state``; never blocks, any thread.
 
-    def close(self, join_timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Stop the producer and take every slot back.  Idempotent.
-
-        Blocks for at most one in-flight gather plus ``join_timeout`` seconds.
+        Sets the producer's stop flag and wakes a ``next()`` waiting on
+        another thread.  Returns False if the epoch had already ended (the
+        first reason wins).
         """
-        if threading.current_thread() is self.thread:
-            self.request_stop()
-            return  # a finaliser running on the producer thread itself
-        with self._close_lock:  # two threads closing at once: the second waits
-            if self.closed:
-                return
-            self.closed = True
-            self._close(join_timeout)
+        with self._lock:
+            if self.state is not EpochState.RUNNING:
+                return False
+            self.state = state
+        self.stop.set()
+        self.ready_q.put(_WAKEUP)
+        return True
 
-    def _close(self, join_timeout: float) -> None:
-        self.request_stop()
-        with self.write_lock:
-            pass  # a producer mid-write finishes; it re-checks `stop` before the next
-        if self.held is not None:
-            self.held.release_event = self.device.consumer_record()
-            self.held = None
-        self.join_producer(join_timeout)
-        _drain(self.ready_q)
-        _drain(self.free_q)
+    def retire(self, join_s: float) -> None:
+        """Wait until the ended epoch's producer writes nothing more; join it.
 
-    def join_producer(self, timeout: float = JOIN_TIMEOUT_S) -> None:
-        """Wait up to ``timeout`` s for the (stopped) producer thread to exit.
-
-        The loader calls this before it starts the next epoch even when this
-        one was closed after a timeout or Ctrl-C with a short join: a producer
-        still blocked inside the source would otherwise call ``next()`` on it
-        concurrently with the new epoch's producer, and a source whose
-        ``iter()`` resets one shared iterator (e.g. persistent workers) would
-        hand it an item meant for the new epoch (torchdata #1482).
+        Blocks for at most one in-flight slot fill plus ``join_s`` seconds.
+        Idempotent.  On the producer thread itself (a finaliser run by the
+        garbage collector there) it does nothing: that thread is about to
+        see ``stop`` and leave.
         """
         if threading.current_thread() is self.thread:
             return
-        if _exiting:
-            timeout = min(timeout, ERROR_JOIN_TIMEOUT_S)
-        self.thread.join(timeout)
+        with self.write_lock:
+            pass  # a fill in flight finishes; the producer re-checks `stop` before the next
+        self.thread.join(join_s)
         if self.thread.is_alive():
-            log = logger.warning if timeout >= JOIN_TIMEOUT_S else logger.debug
+            log = logger.warning if join_s >= join_timeout() else logger.debug
             log(
                 "%s is still blocked inside the source after %.1f s; it will write "
                 "nothing more and exits when the source returns",
                 self.thread.name,
-                timeout,
+                join_s,
             )
-
-
-def _drain(q: queue.SimpleQueue[Any]) -> None:
-    while True:
-        try:
-            q.get_nowait()
-        except queue.Empty:
-            return
 
 
 class EpochIterator(Iterator[Batch]):
     """What ``iter(loader)`` returns: one epoch of batches.
 
-    Dropping it (``break`` out of a ``for`` loop) stops the producer; the loader
-    finishes the shutdown when the next epoch starts or on ``close()``.
+    It keeps its loader alive, so ``for batch in PingPongLoader(...)`` works.
+    Dropping it ends the epoch (the producer stops at once); the loader
+    finishes the shutdown when the next epoch starts or when it is closed.
     """
 
-    def __init__(self, epoch: Epoch) -> None:
+    def __init__(self, loader: PingPongLoader, epoch: Epoch) -> None:
+        self._loader = loader
         self._epoch = epoch
 
     def __next__(self) -> Batch:
@@ -269,41 +294,17 @@ class EpochIterator(Iterator[Batch]):
         """How many batches this epoch has delivered so far."""
         return self._epoch.delivered
 
+    @property
+    def state(self) -> EpochState:
+        """Where this epoch is (see :mod:`pingpong._lifecycle`)."""
+        return self._epoch.state
+
     def close(self) -> None:
-        """End the epoch now: stop the producer and release the slots."""
-        self._epoch.close()
+        """End the epoch now and wait for its producer; ``next()`` then stops."""
+        if self._epoch.end(EpochState.CLOSED):
+            self._epoch.retire(join_timeout())
 
     def __del__(self) -> None:
         epoch = getattr(self, "_epoch", None)
         if epoch is not None:
-            epoch.request_stop()
-
-
-def _register_exit_hook() -> None:
-    """Register :func:`_stop_all_epochs` once, at the first epoch.
-
-    Registered lazily so that it runs *before* the loaders' ``weakref.finalize``
-    exit hook (``atexit`` runs hooks last-registered first), and those
-    finalisers then see ``_exiting`` and do not wait long.
-    """
-    global _exit_hook_registered
-    if not _exit_hook_registered:
-        _exit_hook_registered = True
-        atexit.register(_stop_all_epochs)
-
-
-def _stop_all_epochs() -> None:
-    """At interpreter exit, stop every producer before daemon threads are frozen.
-
-    A producer inside a gather finishes it and exits (0.5 s in all at most);
-    one blocked inside the source is left behind: it writes nothing more.
-    """
-    global _exiting
-    _exiting = True
-    epochs = list(_live_epochs)
-    for epoch in epochs:
-        epoch.request_stop()
-    deadline = time.monotonic() + 0.5
-    for epoch in epochs:
-        if epoch.thread.is_alive() and epoch.thread is not threading.current_thread():
-            epoch.thread.join(max(0.0, deadline - time.monotonic()))
+            epoch.end(EpochState.CLOSED)

@@ -20,6 +20,7 @@ from typing import Any
 
 from ._ids import TableIds, batch_ids
 from .devices.base import Device, Event
+from .errors import BatchFormError
 from .slots import Buffer, Slot
 from .stats import LoaderStats
 from .store import FeatureStore, HostTable
@@ -58,9 +59,13 @@ class Failure:
     exc: BaseException
 
 
+#: What the producer puts on the ready queue.
+Message = Delivery | EndOfEpoch | Failure
+
+
 def _unpack(item: Any, seq: int) -> tuple[Any, Any, Any]:
     if not isinstance(item, tuple | list) or len(item) != 3:
-        raise TypeError(
+        raise BatchFormError(
             f"source item {seq} is {type(item).__name__}"
             + (f" of length {len(item)}" if isinstance(item, tuple | list) else "")
             + "; expected an (input_nodes, output_nodes, blocks) triple"
@@ -84,7 +89,7 @@ def produce(
     store: FeatureStore,
     device: Device,
     free_q: queue.SimpleQueue[Slot],
-    ready_q: queue.SimpleQueue[Delivery | EndOfEpoch | Failure],
+    ready_q: queue.SimpleQueue[Any],
     stop: threading.Event,
     write_lock: threading.Lock,
     stats: LoaderStats,
@@ -96,13 +101,16 @@ def produce(
     - a slot is written only while holding ``write_lock`` and only if ``stop``
       is not set, so a closer that sets ``stop`` and then takes the lock once
       knows no slot will be written again;
-    - the copy stream waits for the slot's ``release_event`` before writing;
+    - the copy stream waits for every one of the slot's ``release_events`` before writing;
     - exactly one terminal message (``EndOfEpoch`` or ``Failure``) is queued
       unless ``stop`` was set first.
     """
     seq = 0
     try:
-        device.producer_started()
+        with write_lock:  # like a fill: a closing loader waits for it
+            if stop.is_set():
+                return
+            device.producer_started()
         iterator = iter(source)
         while not stop.is_set():
             t0 = time.perf_counter()
@@ -185,7 +193,9 @@ def _fill(
     blocks: Any,
 ) -> Delivery:
     """Gather one batch into ``slot`` on the copy stream; caller holds the write lock."""
-    device.wait_event(slot.release_event)
+    device.begin_fill()
+    for event in slot.release_events:
+        device.wait_event(event)
     slot.generation += 1
     xs = _gather_all(slot.x, x_ids, device)
     ys = _gather_all(slot.y, y_ids, device)

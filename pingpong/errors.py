@@ -12,7 +12,11 @@ exception                          raised when
                                    (``TypeError``; the shape case is also a
                                    ``ValueError``); or, for
                                    ``heterogeneous=True``, not a dict by node
-                                   type or missing a type that has a table
+                                   type (a node type that has a table but is
+                                   absent from a batch gets zero rows)
+:class:`BatchFormError`            a source item has a form pingpong cannot
+                                   read (``TypeError``); the message names
+                                   what it saw and the forms it reads
 :class:`TableError`                a feature or label table cannot be used: not
                                    a tensor, 0-D, not on the host, not
                                    contiguous, empty, mismatched lengths
@@ -25,7 +29,14 @@ exception                          raised when
 :class:`ProducerDiedError`         the producer thread ended without delivering
                                    an end-of-epoch marker or an exception
                                    (``RuntimeError``)
-:class:`LoaderClosedError`         a closed loader was iterated (``RuntimeError``)
+:class:`LoaderClosedError`         a closed loader was iterated, or it was
+                                   closed (from any thread) while ``next()``
+                                   waited (``RuntimeError``)
+:class:`EpochSupersededError`      ``next()`` on an iterator whose epoch was
+                                   ended by a newer ``iter(loader)`` (a nested
+                                   loop over one loader) (``RuntimeError``)
+:class:`BatchExpiredError`         ``batch.record_stream()`` after the batch's
+                                   slot was handed back (``RuntimeError``)
 :class:`SlotOverwriteError`        ``debug=True`` only: a slot was refilled while
                                    the training loop held it (``RuntimeError``)
 =================================  =============================================
@@ -76,7 +87,24 @@ class ProducerDiedError(PingPongError, RuntimeError):
 
 
 class LoaderClosedError(PingPongError, RuntimeError):
-    """The loader was used after :meth:`PingPongLoader.close`."""
+    """The loader was closed: before ``iter()``, or while an epoch was running."""
+
+
+class EpochSupersededError(PingPongError, RuntimeError):
+    """``next()`` on an epoch that a newer ``iter(loader)`` ended.
+
+    A loader runs one epoch at a time; a second ``iter()`` (a nested loop over
+    the same loader, ``zip(loader, loader)``) ends the first, and the first
+    iterator then raises this instead of stopping silently.
+    """
+
+
+class BatchExpiredError(PingPongError, RuntimeError):
+    """A batch was used through pingpong after its slot was handed back."""
+
+
+class BatchFormError(PingPongError, TypeError):
+    """A source item has a form pingpong cannot read; raised before any row is read."""
 
 
 class SlotOverwriteError(PingPongError, RuntimeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import numbers
 import weakref
@@ -11,35 +12,15 @@ from typing import Any
 import torch
 
 from ._epoch import Epoch, EpochIterator
+from ._lifecycle import LoaderCore
 from .batch import Batch
 from .devices import Device, make_device
-from .errors import ConfigError, LoaderClosedError
+from .errors import ConfigError
 from .slots import Slot, make_slots
 from .stats import LoaderStats
 from .store import FeatureStore, make_feature_store
 
 _loader_ids = itertools.count()
-
-
-class _EpochHolder:
-    """The loader's only link to its running epoch (shared with its finaliser)."""
-
-    __slots__ = ("epoch",)
-
-    def __init__(self) -> None:
-        self.epoch: Epoch | None = None
-
-    def end(self, before_new_epoch: bool = False) -> None:
-        epoch, self.epoch = self.epoch, None
-        if epoch is not None:
-            epoch.close()
-            if before_new_epoch and epoch.thread.is_alive():
-                epoch.join_producer()  # it may have been closed with a short join
-
-
-def _shutdown(holder: _EpochHolder, device: Device) -> None:
-    holder.end()
-    device.close()
 
 
 class PingPongLoader(Iterable[Batch]):
@@ -141,17 +122,11 @@ class PingPongLoader(Iterable[Batch]):
         self._timeout = None if timeout is None else float(timeout)
         self._debug = bool(debug)
         self._name = str(next(_loader_ids))
-        self._holder = _EpochHolder()
-        self._closed = False
-        self._finalizer = weakref.finalize(self, _shutdown, self._holder, self._device)
-
-    # -- iteration -----------------------------------------------------------
-    def __iter__(self) -> EpochIterator:
-        """Start a new epoch (ending the previous one first, if it still runs)."""
-        if self._closed:
-            raise LoaderClosedError("this PingPongLoader is closed")
-        self._holder.end(before_new_epoch=True)
-        epoch = Epoch(
+        # The lifecycle (pingpong._lifecycle) lives in the core; the finaliser
+        # holds the core, not the loader, and runs once no iterator is left
+        # (every iterator keeps its loader alive).
+        new_epoch = functools.partial(
+            Epoch,
             self._source,
             self._store,
             self._device,
@@ -161,8 +136,18 @@ class PingPongLoader(Iterable[Batch]):
             self._name,
             debug=self._debug,
         )
-        self._holder.epoch = epoch
-        return EpochIterator(epoch)
+        self._core = LoaderCore(new_epoch, self._device)
+        self._finalizer = weakref.finalize(self, self._core.close)
+
+    # -- iteration -----------------------------------------------------------
+    def __iter__(self) -> EpochIterator:
+        """Start a new epoch.
+
+        A previous epoch still running is ended first; its iterator then
+        raises :class:`~pingpong.errors.EpochSupersededError` (a loader runs
+        one epoch at a time).  The iterator keeps the loader alive.
+        """
+        return EpochIterator(self, self._core.start_epoch())
 
     def __len__(self) -> int:
         """Batches per epoch: ``len(source)``; ``TypeError`` if the source has no length."""
@@ -176,13 +161,16 @@ class PingPongLoader(Iterable[Batch]):
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:
-        """Stop the producer, release slots and host registrations.  Idempotent."""
-        self._closed = True
+        """Stop the producer, release host registrations.  Idempotent, any thread.
+
+        A ``next()`` waiting on another thread raises
+        :class:`~pingpong.errors.LoaderClosedError` promptly.
+        """
         self._finalizer()
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._core.closed
 
     def __enter__(self) -> PingPongLoader:
         return self
@@ -223,5 +211,5 @@ class PingPongLoader(Iterable[Batch]):
     def __repr__(self) -> str:
         return (
             f"PingPongLoader(device={str(self.device)!r}, gather={self.gather_mode!r}, "
-            f"num_buffers={self.num_buffers}, closed={self._closed})"
+            f"num_buffers={self.num_buffers}, closed={self.closed})"
         )

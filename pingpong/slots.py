@@ -6,20 +6,26 @@ any it held before -- so after the first few batches no allocation happens.
 
 Ownership invariant (the slot protocol): at any moment a slot is in exactly
 one place -- the free queue, being filled by the producer, the ready queue, or
-held by the consumer.  ``release_event`` is the event the copy stream must wait
-for before overwriting the slot; it is set by whoever hands the slot back to
-the free queue, before the hand-off.
+held by the consumer (through a :class:`Lease`).  ``release_events`` are the
+events the copy stream must wait for before overwriting the slot: one per
+stream the consumer read the batch on, recorded by whoever ends the lease,
+before the slot goes back to the free queue.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .errors import BatchExpiredError
 from .store import FeatureStore, HostTable
+
+if TYPE_CHECKING:
+    from .devices.base import Device, Event
 
 #: Capacity is rounded up to a multiple of this many rows.
 ROW_GRANULE = 256
@@ -78,7 +84,7 @@ class Slot:
     index: int
     x: dict[str | None, Buffer]
     y: dict[str | None, Buffer]
-    release_event: Any
+    release_events: tuple[Any, ...]
     #: Incremented each time the producer refills the slot (the ``debug`` check).
     generation: int = 0
 
@@ -103,7 +109,51 @@ def make_slots(store: FeatureStore, count: int, initial_event: Any) -> list[Slot
             index=i,
             x={key: Buffer(table) for key, table in store.tables.items()},
             y={key: Buffer(table) for key, table in store.label_tables.items()},
-            release_event=initial_event,
+            release_events=(initial_event,),
         )
         for i in range(count)
     ]
+
+
+@dataclass
+class Lease:
+    """The consumer's hold on one filled slot: the batch delivered from it.
+
+    Created when ``next()`` delivers the batch, with the consumer stream it
+    was made ready on; :meth:`use_on` adds streams (``batch.record_stream``);
+    :meth:`end` records a release event on every one of them and returns
+    them -- the copy stream waits for all before it refills the slot.  After
+    :meth:`end` the lease is spent: the slot belongs to the producer again.
+    Thread-safe: the training thread and a closer on another thread may race.
+    """
+
+    slot: Slot
+    device: Device
+    ready_event: Event
+    streams: list[Any] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _ended: bool = False
+
+    def use_on(self, stream: Any) -> None:
+        """Make ``stream`` wait for the batch, and hold the slot until its work is done."""
+        with self._lock:
+            if self._ended:
+                raise BatchExpiredError(
+                    "this batch's slot was handed back when the next batch was requested "
+                    "(or a new epoch started); clone() a batch to keep it longer"
+                )
+            used = self.device.consumer_wait(self.ready_event, stream)
+            if not any(used == known for known in self.streams):
+                self.streams.append(used)
+
+    def end(self) -> tuple[Any, ...] | None:
+        """Record release events on every stream that used the batch; idempotent.
+
+        Returns the events (``None`` if the lease had already ended).
+        """
+        with self._lock:
+            if self._ended:
+                return None
+            self._ended = True
+            streams = self.streams or [None]
+            return tuple(self.device.consumer_record(stream) for stream in streams)

@@ -188,13 +188,15 @@ def test_a_fill_that_failed_before_its_record_is_never_poisoned_later(device):
     so that batch's release poisoned a slot that held another batch by then."""
     table = make_host_table(torch.arange(N * 2, dtype=torch.float32).reshape(N, 2), "t")
     failed_out = device.allocate((2, 2), torch.float32)
+    device.begin_fill()
     device.wait_event(COMPLETED)
     device.gather(table, np.array([1, 2]), failed_out)
     device.inject_fault("move_blocks", 1, lambda: RuntimeError("transfer failed"))
     with pytest.raises(RuntimeError):
         device.move_blocks([])
     out = device.allocate((2, 2), torch.float32)
-    device.wait_event(COMPLETED)  # the next fill
+    device.begin_fill()  # the next fill
+    device.wait_event(COMPLETED)
     device.gather(table, np.array([3, 4]), out)
     device.move_blocks([])
     ready = device.record()

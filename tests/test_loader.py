@@ -186,9 +186,11 @@ def test_reiterating_while_previous_epoch_runs():
     with PingPongLoader(source, features) as loader:
         first = iter(loader)
         next(first)
-        second = iter(loader)  # ends the first epoch
-        with pytest.raises(StopIteration):
+        second = iter(loader)  # ends the first epoch, loudly
+        with pytest.raises(pingpong.EpochSupersededError, match="after 1 batches"):
             next(first)
+        with pytest.raises(pingpong.EpochSupersededError):
+            next(first)  # and stays ended
         count = 0
         for batch, triple in zip(second, source, strict=True):
             assert torch.equal(batch.x, features[triple[0]])
@@ -276,15 +278,19 @@ def test_slots_are_reused_not_reallocated():
         assert loader.stats["slot_grows"] == grows
 
 
-def test_batch_clone_survives_next_batch():
+def test_batch_clone_survives_slot_reuse():
+    """Four batches through two slots: batch 0's slot is refilled by batch 2.
+
+    The un-cloned batch 0 is overwritten by then (so the test can tell), the
+    clone is not.
+    """
     features = torch.randn(N, 4)
-    source = [
-        (torch.arange(10), torch.arange(2), None),
-        (torch.arange(10, 20), torch.arange(2), None),
-    ]
+    source = [(torch.arange(10 * i, 10 * i + 10), torch.arange(2), None) for i in range(4)]
     with PingPongLoader(source, features, num_buffers=2) as loader:
         it = iter(loader)
-        kept = next(it).clone()
+        first = next(it)
+        kept = first.clone()
         for _ in it:
             pass
+        assert torch.equal(first.x, features[20:30])  # the slot was reused by batch 2
     assert torch.equal(kept.x, features[:10])

@@ -8,9 +8,12 @@ import pingpong
 
 EXPECTED = {
     "Batch",
+    "BatchExpiredError",
+    "BatchFormError",
     "BatchTimeoutError",
     "ConfigError",
     "EdgeBlock",
+    "EpochSupersededError",
     "GatherModeUnavailable",
     "IdRangeError",
     "IdShapeError",

@@ -35,6 +35,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+import pingpong
 import pingpong._epoch as epoch_module
 from pingpong import PingPongLoader
 from pingpong.devices import COMPLETED
@@ -411,9 +412,9 @@ def _broken(device: FakeAsyncDevice, how: str) -> None:
     if how == "copy stream does not wait for the release event":
         device.wait_event = lambda event: None  # type: ignore[method-assign]
     elif how == "consumer stream does not wait for the ready event":
-        device.consumer_wait = lambda event: None  # type: ignore[method-assign]
+        device.consumer_wait = lambda event, stream=None: None  # type: ignore[method-assign]
     elif how == "release recorded as already complete":
-        device.consumer_record = lambda: COMPLETED  # type: ignore[method-assign]
+        device.consumer_record = lambda stream=None: COMPLETED  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize(
@@ -685,8 +686,8 @@ class LoaderLifecycle(RuleBasedStateMachine):
     @precondition(lambda self: self.stale and self.it is not None)
     @rule()
     def stale_iterator_is_over(self) -> None:
-        """An iterator left behind by a newer epoch yields nothing more."""
-        with pytest.raises(StopIteration):
+        """An iterator left behind by a newer epoch says so; it never stops silently."""
+        with pytest.raises(pingpong.EpochSupersededError):
             next(self.stale.pop())
 
     @precondition(lambda self: self.it is None)

@@ -3,12 +3,16 @@
 The producer and consumer never touch streams or kernels directly; they call
 a :class:`Device`.  A device models two ordered queues of work:
 
-- the *copy stream*, used by the producer: ``wait_event`` (do not start later
-  work before an event completed), ``gather`` and ``move_blocks`` (enqueue
-  work), ``record`` (an event that completes when the work enqueued so far is
-  done);
-- the *consumer stream*, used by the training thread: ``consumer_wait``
-  (later consumer work starts only after an event) and ``consumer_record``.
+- the *copy stream*, used by the producer: ``begin_fill`` (a new slot fill
+  starts: forget what an earlier, failed fill left), ``wait_event`` (do not
+  start later work before an event completed), ``gather`` and ``move_blocks``
+  (enqueue work), ``record`` (an event that completes when the work enqueued
+  since ``begin_fill`` is done);
+- the *consumer streams*, used by the training thread: ``consumer_wait``
+  (later work on a stream starts only after an event; returns the stream it
+  used) and ``consumer_record`` (an event on that stream).  A batch is made
+  ready on the stream current at ``next()`` and, through
+  ``batch.record_stream``, on any other stream the training loop names.
 
 On the CPU both "streams" are the calling threads themselves and every event
 is complete when recorded.  On CUDA they are real streams and events, and the
@@ -78,6 +82,9 @@ class Device(abc.ABC):
         return COMPLETED
 
     # -- copy stream (producer thread) --------------------------------------
+    def begin_fill(self) -> None:  # noqa: B027 - optional hook
+        """A new fill starts: drop per-fill state an earlier fill left (it may have failed)."""
+
     @abc.abstractmethod
     def wait_event(self, event: Event) -> None:
         """Copy stream: later work waits for ``event`` (no host block on CUDA)."""
@@ -100,12 +107,19 @@ class Device(abc.ABC):
 
     # -- consumer stream (training thread) ----------------------------------
     @abc.abstractmethod
-    def consumer_wait(self, event: Event) -> None:
-        """Consumer stream: later work waits for ``event``."""
+    def consumer_wait(self, event: Event, stream: Any = None) -> Any:
+        """Later work on ``stream`` (default: the current one) waits for ``event``.
+
+        Tensors made on the copy stream are marked as used on that stream.
+        Returns the stream (what :meth:`consumer_record` takes); any thread.
+        """
 
     @abc.abstractmethod
-    def consumer_record(self) -> Event:
-        """Consumer stream: an event completing when the consumer's work so far is done."""
+    def consumer_record(self, stream: Any = None) -> Event:
+        """An event completing when the work queued on ``stream`` so far is done.
+
+        ``stream`` is what :meth:`consumer_wait` returned; any thread.
+        """
 
     def close(self) -> None:
         """Release streams and host registrations.  Idempotent."""

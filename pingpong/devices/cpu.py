@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numba
 import numpy as np
@@ -60,8 +61,8 @@ class CPUDevice(Device):
     def record(self) -> Event:
         return COMPLETED
 
-    def consumer_wait(self, event: Event) -> None:
+    def consumer_wait(self, event: Event, stream: Any = None) -> Any:
         return None
 
-    def consumer_record(self) -> Event:
+    def consumer_record(self, stream: Any = None) -> Event:
         return COMPLETED

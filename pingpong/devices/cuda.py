@@ -19,11 +19,13 @@ Stream/event choreography, per slot (see docs/design):
 2. ids are copied into a pinned staging buffer, then to the GPU, on the copy
    stream; the gather kernels, labels and blocks follow on the copy stream;
 3. ``ready_event`` is recorded on the copy stream and travels with the batch;
-4. consumer (``next()``): ``current_stream.wait_event(ready_event)``, and
-   ``record_stream`` for every tensor allocated on the copy stream; on the
-   following ``next()`` a ``release_event`` is recorded on the consumer's
-   current stream (looked up every time, never cached) and the slot returns
-   to the free queue with it.
+4. consumer (``next()``): the stream current at that moment (looked up
+   every time, never cached) waits for ``ready_event``, and ``record_stream``
+   marks every tensor and DGL graph made on the copy stream as used there;
+   ``batch.record_stream(s)`` does the same for another stream ``s``;
+5. on the following ``next()`` a release event is recorded on *each* of those
+   streams (not on whatever stream is current then), and the slot returns to
+   the free queue with them; the copy stream waits for all before refilling.
 
 The only host waits: reusing a pinned *id or row staging buffer* waits for the
 copy that read it ``STAGING_RING`` fills ago (normally long complete), and
@@ -57,6 +59,8 @@ class CudaEvent:
 
     event: torch.cuda.Event
     tensors: tuple[torch.Tensor, ...] = ()
+    #: DGL graphs moved on the copy stream (``record_stream`` like the tensors).
+    graphs: tuple[Any, ...] = ()
 
     def query(self) -> bool:
         return bool(self.event.query())
@@ -122,8 +126,11 @@ class CUDADevice(Device):
         self._device_tables: list[torch.Tensor] = []
         self._id_ring = _Ring()
         self._row_rings: dict[int, _Ring] = {}
+        # Per-fill state, reset by begin_fill() only: what this fill staged and
+        # the copy-stream tensors/graphs the consumer must record_stream.
         self._staged_ids: tuple[np.ndarray, tuple[Any, Any]] | None = None
         self._pending: list[torch.Tensor] = []
+        self._pending_graphs: list[Any] = []
         self._dgl_on_device: bool | None = None
         self._closed = False
 
@@ -151,8 +158,9 @@ class CUDADevice(Device):
                     pin = _interop.pin_in_place(table.byte_rows, table.tensor)
                     self._pins.append(pin)
                     self._sources[id(table)] = pin.array
-                else:  # device-resident copy, made once
-                    resident = byte_rows(table.tensor).to(self._device)
+                else:  # device-resident copy, made once, ordered before every gather
+                    with torch.cuda.stream(self._copy_stream):
+                        resident = byte_rows(table.tensor).to(self._device)
                     self._device_tables.append(resident)
                     self._sources[id(table)] = _interop.device_array(resident)
 
@@ -185,6 +193,11 @@ class CUDADevice(Device):
             return torch.empty(shape, dtype=dtype, device=self._device)
 
     # -- copy stream -------------------------------------------------------------
+    def begin_fill(self) -> None:
+        self._staged_ids = None
+        self._pending = []
+        self._pending_graphs = []
+
     def wait_event(self, event: Event) -> None:
         if isinstance(event, CudaEvent):
             self._copy_stream.wait_event(event.event)
@@ -270,7 +283,9 @@ class CUDADevice(Device):
                 self._dgl_on_device = _dgl_supports(self._device, block)
             if self._dgl_on_device:
                 with torch.cuda.stream(self._copy_stream):
-                    return block.to(self._device)
+                    moved_graph = block.to(self._device)
+                self._pending_graphs.append(moved_graph)
+                return moved_graph
             block = edge_block_from_dgl(block)
         if isinstance(block, EdgeBlock):
             edges = torch.stack((block.src, block.dst)).pin_memory()
@@ -283,24 +298,29 @@ class CUDADevice(Device):
     def record(self) -> Event:
         event = torch.cuda.Event()
         event.record(self._copy_stream)
-        tensors, self._pending = tuple(self._pending), []
-        self._staged_ids = None
-        return CudaEvent(event, tensors)
+        ready = CudaEvent(event, tuple(self._pending), tuple(self._pending_graphs))
+        self.begin_fill()
+        return ready
 
-    # -- consumer stream ---------------------------------------------------------
-    def consumer_wait(self, event: Event) -> None:
-        if not isinstance(event, CudaEvent):
-            return
-        stream = torch.cuda.current_stream(self._device)
-        stream.wait_event(event.event)
-        for tensor in event.tensors:
-            tensor.record_stream(stream)
+    # -- consumer streams --------------------------------------------------------
+    def consumer_wait(self, event: Event, stream: Any = None) -> Any:
+        if stream is None:
+            stream = torch.cuda.current_stream(self._device)
+        if isinstance(event, CudaEvent):
+            stream.wait_event(event.event)
+            for tensor in event.tensors:
+                tensor.record_stream(stream)
+            for graph in event.graphs:
+                graph.record_stream(stream)
+        return stream
 
-    def consumer_record(self) -> Event:
+    def consumer_record(self, stream: Any = None) -> Event:
         if self._closed:
             return COMPLETED
+        if stream is None:
+            stream = torch.cuda.current_stream(self._device)
         event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self._device))
+        event.record(stream)
         return CudaEvent(event)
 
 

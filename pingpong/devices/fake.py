@@ -315,10 +315,12 @@ class FakeAsyncDevice(Device):
         tensor = torch.empty(shape, dtype=dtype)
         return poison_(tensor) if self.poison else tensor
 
-    def wait_event(self, event: Event) -> None:
-        # A fill begins: writes of an earlier fill that failed before its
-        # record() belong to no batch, so no consumer release may poison them.
+    def begin_fill(self) -> None:
+        # Writes of an earlier fill that failed before its record() belong to
+        # no batch, so no consumer release may poison them.
         self._pending = []
+
+    def wait_event(self, event: Event) -> None:
         self._host_call("wait_event")
         if isinstance(event, FakeEvent):
             self.copy_stream.put("wait", event)
@@ -349,14 +351,16 @@ class FakeAsyncDevice(Device):
         self.copy_stream.put("record", (event, ()))
         return event
 
-    def consumer_wait(self, event: Event) -> None:
+    def consumer_wait(self, event: Event, stream: Any = None) -> Any:
+        """The fake device has one consumer stream: ``stream`` is ignored."""
         self._host_call("consumer_wait")
         if isinstance(event, FakeEvent):
             with self._lock:
                 self._held.extend(event.tensors)
             self.consumer_stream.put("wait", event)
+        return None
 
-    def consumer_record(self) -> Event:
+    def consumer_record(self, stream: Any = None) -> Event:
         if self._closed:
             return COMPLETED
         self._host_call("consumer_record")

@@ -1,0 +1,216 @@
+"""The lifecycle of a loader and of its epochs, in one place.
+
+An epoch is one pass over the source: a producer thread and the training
+loop's iterator.  Its states (:class:`EpochState`) and every transition::
+
+    RUNNING --(next() reads the producer's end-of-epoch marker)---------> EXHAUSTED
+            --(next() re-raises a producer error; a timeout, Ctrl-C,
+               dead producer or failed debug check in next())----------> FAILED
+            --(iterator.close(); the iterator is garbage-collected)-----> CLOSED
+            --(a newer iter(loader): a nested loop over one loader)-----> SUPERSEDED
+            --(loader.close() from any thread; the loader is
+               garbage-collected; the interpreter exits)----------------> LOADER_CLOSED
+
+Ended states are final and the first reason wins.  What ``next()`` then
+does is :func:`ended_error`: ``StopIteration`` for an epoch that ran out or
+was closed through its own iterator, :class:`~pingpong.errors.EpochSupersededError`
+or :class:`~pingpong.errors.LoaderClosedError` when something else ended it --
+never a silent stop for an epoch the training loop did not end itself.
+
+Ending (``Epoch.end``) never blocks and is safe on any thread, finalisers
+included: it sets the state and the producer's stop flag and wakes a
+``next()`` waiting on another thread.  *Retiring* (``Epoch.retire``) blocks:
+it waits until no slot write is in flight, then joins the producer for at
+most a join timeout (:func:`join_timeout`).  After that no slot is written
+again; the batch the training loop holds stays intact until a new epoch of
+the same loader starts, which is when its slot is handed back.
+
+A loader is OPEN (at most one RUNNING epoch) or CLOSED (final).  Its entry
+points, all in :class:`LoaderCore`:
+
+====================  =========================================================
+``iter(loader)``      retire the previous epoch (SUPERSEDED), hand its held slot
+                      back, start a new epoch
+``close()``           end + retire the epoch (LOADER_CLOSED), close the device
+loader finaliser      the same as ``close()``; it runs only once no iterator is
+                      left, because every iterator keeps its loader alive
+iterator ``close()``  end + retire its epoch (CLOSED)
+iterator garbage      end its epoch (CLOSED); the loader retires it later
+interpreter exit      :func:`_end_all_epochs`: end every epoch, short joins
+====================  =========================================================
+
+Whatever would block, or close the device, and is asked for on a pingpong
+thread (a finaliser the garbage collector runs on a producer thread) is
+handed to a short-lived ``pingpong-closer-*`` thread instead: no thread
+waits for itself, and no device is closed under its own producer.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import enum
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .errors import EpochSupersededError, LoaderClosedError
+
+if TYPE_CHECKING:
+    from ._epoch import Epoch
+    from .devices.base import Device
+
+#: How often blocked waits wake up to check stop flags and thread liveness.
+POLL_S = 0.05
+#: How long retiring an epoch waits for its producer thread to exit.
+JOIN_TIMEOUT_S = 2.0
+#: The same after a failure in ``next()`` (timeout, Ctrl-C: the producer is
+#: likely stuck inside the source) and at interpreter exit.
+SHORT_JOIN_TIMEOUT_S = 0.1
+#: At interpreter exit, the total time given to all producers to leave.
+EXIT_JOIN_BUDGET_S = 0.5
+
+
+class EpochState(enum.Enum):
+    """Where an epoch is; every state but RUNNING is final (see the module docstring)."""
+
+    RUNNING = "running"
+    EXHAUSTED = "exhausted"
+    FAILED = "failed"
+    CLOSED = "closed"
+    SUPERSEDED = "superseded"
+    LOADER_CLOSED = "loader closed"
+
+
+def ended_error(state: EpochState, delivered: int) -> BaseException:
+    """What ``next()`` raises on an epoch that ended in ``state``."""
+    if state is EpochState.SUPERSEDED:
+        return EpochSupersededError(
+            f"this epoch was ended after {delivered} batches because iter() was called "
+            "on the same PingPongLoader again (a nested loop, or zip(loader, loader)); "
+            "a loader runs one epoch at a time -- use one loader per concurrent loop"
+        )
+    if state is EpochState.LOADER_CLOSED:
+        return LoaderClosedError(
+            f"the PingPongLoader was closed after {delivered} batches of this epoch"
+        )
+    return StopIteration()
+
+
+class _Process:
+    """Process-wide lifecycle state: live epochs and whether the interpreter exits."""
+
+    def __init__(self) -> None:
+        self.exiting = False
+        self.live_epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
+        self.hook_registered = False
+        self.lock = threading.Lock()
+
+    def register(self, epoch: Epoch) -> None:
+        with self.lock:
+            self.live_epochs.add(epoch)
+            if not self.hook_registered:
+                # Registered at the first epoch, i.e. after the loaders'
+                # weakref.finalize exit hook: atexit runs it first.
+                self.hook_registered = True
+                atexit.register(_end_all_epochs)
+
+
+_process = _Process()
+_closer_ids = itertools.count()
+
+
+def register_epoch(epoch: Epoch) -> None:
+    """Track ``epoch`` so that interpreter exit can stop its producer."""
+    _process.register(epoch)
+
+
+def join_timeout(after_failure: bool = False) -> float:
+    """How long retiring an epoch may wait for its producer."""
+    if after_failure or _process.exiting:
+        return SHORT_JOIN_TIMEOUT_S
+    return JOIN_TIMEOUT_S
+
+
+def on_pingpong_thread() -> bool:
+    """True on a thread pingpong started (producer, fake device worker, closer)."""
+    return threading.current_thread().name.startswith("pingpong-")
+
+
+def run_off_pingpong_threads(work: Callable[[], None]) -> None:
+    """Run ``work`` now, or -- on a pingpong thread -- on a new closer thread."""
+    if not on_pingpong_thread():
+        work()
+        return
+    # At interpreter shutdown no new thread starts; the process is ending anyway.
+    with contextlib.suppress(RuntimeError):
+        threading.Thread(
+            target=work, name=f"pingpong-closer-{next(_closer_ids)}", daemon=True
+        ).start()
+
+
+def _end_all_epochs() -> None:
+    """At interpreter exit, stop every producer before daemon threads are frozen.
+
+    A producer inside a gather finishes it and exits (``EXIT_JOIN_BUDGET_S``
+    for all of them); one blocked inside the source is left behind: it
+    writes nothing more.
+    """
+    _process.exiting = True
+    epochs = list(_process.live_epochs)
+    for epoch in epochs:
+        epoch.end(EpochState.LOADER_CLOSED)
+    deadline = time.monotonic() + EXIT_JOIN_BUDGET_S
+    for epoch in epochs:
+        if epoch.thread is not threading.current_thread():
+            epoch.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class LoaderCore:
+    """What a loader, its iterators and its finaliser share: the one running epoch.
+
+    ``make_epoch`` builds a new, started :class:`~pingpong._epoch.Epoch`;
+    the core owns ``device`` and closes it once, after the last epoch was
+    retired.  Thread-safe.
+    """
+
+    def __init__(self, make_epoch: Callable[[], Epoch], device: Device) -> None:
+        self._make_epoch = make_epoch
+        self.device = device
+        self.epoch: Epoch | None = None
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def start_epoch(self) -> Epoch:
+        """``iter(loader)``: supersede the running epoch, start the next one."""
+        with self._lock:
+            if self.closed:
+                raise LoaderClosedError("this PingPongLoader is closed")
+            previous, self.epoch = self.epoch, None
+            if previous is not None:
+                previous.end(EpochState.SUPERSEDED)
+                # Always the full join, even after a failure: a producer still
+                # inside the source would take items meant for the new epoch
+                # from a source whose iter() resets a shared iterator (torchdata #1482).
+                previous.retire(JOIN_TIMEOUT_S)
+                previous.hand_back_lease()
+            self.epoch = self._make_epoch()
+            return self.epoch
+
+    def close(self) -> None:
+        """``loader.close()`` and the loader's finaliser; idempotent, any thread."""
+        run_off_pingpong_threads(self._close)
+
+    def _close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            epoch, self.epoch = self.epoch, None
+        if epoch is not None:
+            epoch.end(EpochState.LOADER_CLOSED)
+            epoch.retire(join_timeout())
+        self.device.close()

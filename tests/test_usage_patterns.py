@@ -1,0 +1,476 @@
+"""The loader used the way people write training loops (issue: "no batch is ever lost silently").
+
+Temporary loaders in ``for``/``enumerate``/``zip``/``next(iter(...))``,
+nested loops over one loader, ``close()`` from another thread, unreadable
+source items, finalisers on the producer thread, the slot lease -- and a
+hypothesis state machine that mixes all of them on the CPU and the fake
+asynchronous device, checking every delivered batch against the reference.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import wait_for_no_pingpong_threads
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from test_reliability import Expected, SeqSource, Verifier, batch_digest, fake, make_table
+from test_reliability import seq_triples as make_seq_triples
+
+import pingpong
+from pingpong import PingPongLoader
+from pingpong.devices.cpu import CPUDevice
+from pingpong.slots import Lease, make_slots
+from pingpong.store import make_feature_store
+
+N = 300
+BATCHES = 7
+
+
+def triples_and_tables(num_batches: int = BATCHES) -> tuple[list[Any], torch.Tensor, torch.Tensor]:
+    return make_seq_triples(N, num_batches), make_table(N, (6,)), make_table(N, (), torch.int64)
+
+
+def expect_batch(batch: Any, triples: list[Any], features: torch.Tensor, labels: Any) -> int:
+    """Assert ``batch`` is exactly its triple's reference; return its seq number."""
+    seq = batch.blocks["seq"]
+    inputs, outputs, _ = triples[seq]
+    assert torch.equal(batch.x, features[inputs])
+    if labels is not None:
+        assert torch.equal(batch.y, labels[outputs])
+    return int(seq)
+
+
+# -- temporary loaders ---------------------------------------------------------------
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+def test_temporary_loader_in_a_for_loop_delivers_every_batch(device_kind):
+    """The iterator keeps its loader alive: found delivering 0 batches, silently."""
+    triples, features, labels = triples_and_tables()
+    device = fake(seed=1) if device_kind == "fake" else "cpu"
+    verifier = Verifier(device, Expected(features, labels, triples))
+    seqs = []
+    for batch in PingPongLoader(SeqSource(triples, shuffle=False), features, labels,
+                                device=device):
+        if not seqs:
+            gc.collect()  # nothing but the iterator holds the loader
+        seqs.append(batch.blocks["seq"])
+        verifier.submit(batch)
+    verifier.resolve()
+    assert seqs == list(range(BATCHES))
+    assert (verifier.checked, verifier.corrupted) == (BATCHES, 0)
+    gc.collect()
+    assert wait_for_no_pingpong_threads(3.0) == []
+    if device_kind == "fake":
+        assert device.closed  # the loader owned it and closed it once unreachable
+
+
+def test_temporary_loader_with_enumerate_zip_and_next():
+    triples, features, labels = triples_and_tables()
+
+    def loader() -> PingPongLoader:
+        return PingPongLoader(SeqSource(triples, shuffle=False), features, labels)
+
+    seen = [(i, expect_batch(b, triples, features, labels)) for i, b in enumerate(loader())]
+    assert seen == [(i, i) for i in range(BATCHES)]
+    pairs = [(k, expect_batch(b, triples, features, labels))
+             for k, b in zip(range(3), loader(), strict=False)]
+    assert pairs == [(0, 0), (1, 1), (2, 2)]
+    first = next(iter(loader()))
+    gc.collect()
+    # the epoch ended when its iterator was dropped, but nothing refills the slot
+    assert expect_batch(first, triples, features, labels) == 0
+    assert len(list(loader())) == BATCHES
+    gc.collect()
+    assert wait_for_no_pingpong_threads(3.0) == []
+
+
+def test_nested_loops_over_one_loader_raise_instead_of_truncating():
+    triples, features, labels = triples_and_tables()
+    with PingPongLoader(SeqSource(triples, shuffle=False), features, labels) as loader:
+        outer = []
+        with pytest.raises(pingpong.EpochSupersededError, match="after 2 batches"):
+            for batch in loader:
+                outer.append(expect_batch(batch, triples, features, labels))
+                if len(outer) == 2:
+                    inner = [expect_batch(b, triples, features, labels) for b in loader]
+                    assert inner == list(range(BATCHES))
+        assert outer == [0, 1]
+        # the loader goes on normally afterwards
+        assert [expect_batch(b, triples, features, labels) for b in loader] == list(range(BATCHES))
+
+
+def test_zip_of_a_loader_with_itself_raises():
+    triples, features, _ = triples_and_tables()
+    with PingPongLoader(SeqSource(triples, shuffle=False), features) as loader:
+        with pytest.raises(pingpong.EpochSupersededError):
+            for _pair in zip(loader, loader, strict=False):
+                pass
+
+
+# -- close() from another thread -------------------------------------------------------
+class GatedSource:
+    """Yields ``triples``; item ``stall_at`` waits until ``gate`` opens (a stalled sampler)."""
+
+    def __init__(self, triples: list[Any], stall_at: int) -> None:
+        self.triples = triples
+        self.stall_at = stall_at
+        self.gate = threading.Event()
+
+    def __len__(self) -> int:
+        return len(self.triples)
+
+    def __iter__(self) -> Any:
+        for i, triple in enumerate(self.triples):
+            if i == self.stall_at:
+                self.gate.wait(30)
+            yield triple
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("what", ["loader", "iterator"])
+def test_close_from_another_thread_ends_a_waiting_next_promptly(what, device_kind):
+    """Found surfacing after 2 s as ProducerDiedError; now LoaderClosedError at once
+    (or StopIteration for the iterator's own close)."""
+    triples, features, _ = triples_and_tables()
+    source = GatedSource(triples, stall_at=2)
+    device = fake(seed=2) if device_kind == "fake" else "cpu"
+    loader = PingPongLoader(source, features, device=device)
+    it = iter(loader)
+    next(it), next(it)
+    closer = threading.Timer(0.3, loader.close if what == "loader" else it.close)
+    closer.start()
+    start = time.monotonic()
+    expected = pingpong.LoaderClosedError if what == "loader" else StopIteration
+    with pytest.raises(expected):
+        next(it)  # blocks: the source stalls at item 2
+    waited = time.monotonic() - start
+    source.gate.set()
+    closer.join()
+    assert 0.25 <= waited < 1.0
+    with pytest.raises(expected):
+        next(it)  # stays ended
+    loader.close()
+
+
+# -- bad items ---------------------------------------------------------------------------
+class CountingCPUDevice(CPUDevice):
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.gathers = 0
+
+    def gather(self, table: Any, ids: np.ndarray, out: torch.Tensor) -> None:
+        self.gathers += 1
+        super().gather(table, ids, out)
+
+
+@pytest.mark.parametrize(
+    ("item", "named"),
+    [
+        ({"input_nodes": torch.arange(3)}, "dict"),
+        ((torch.arange(3), torch.arange(2)), "tuple of length 2"),
+        (torch.arange(3), "Tensor"),
+    ],
+)
+def test_an_unreadable_item_is_a_pingpong_error_before_any_row_is_read(item, named):
+    device = CountingCPUDevice()
+    with PingPongLoader([item], torch.randn(N, 2), device=device) as loader:
+        with pytest.raises(pingpong.BatchFormError, match=named) as info:
+            next(iter(loader))
+    assert isinstance(info.value, pingpong.PingPongError)
+    assert isinstance(info.value, TypeError)
+    assert device.gathers == 0
+
+
+# -- finalisers on the producer thread ---------------------------------------------------
+class CloseOrderDevice(CPUDevice):
+    """Records any gather that runs after close(); the first gather of batch 1 runs
+    the garbage collector on the producer thread once the test dropped everything."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.closed = False
+        self.after_close: list[str] = []
+        self.dropped = threading.Event()
+        self.collected_on: list[str] = []
+        self.calls = 0
+
+    def gather(self, table: Any, ids: np.ndarray, out: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 3:  # batch 1's feature gather (batch 0: features + labels)
+            self.dropped.wait(10)
+            gc.collect()  # collects the loader and its iterator, here
+            self.collected_on.append(threading.current_thread().name)
+        if self.closed:
+            self.after_close.append(threading.current_thread().name)
+        super().gather(table, ids, out)
+
+    def close(self) -> None:
+        self.closed = True
+        super().close()
+
+
+def test_a_finaliser_on_the_producer_thread_never_closes_the_device_under_it():
+    """Found: a GC pass on the producer thread closed the device mid-fill (on CUDA:
+    unpinned the tables while a zero-copy kernel could still be launched)."""
+    triples, features, labels = triples_and_tables()
+    device = CloseOrderDevice()
+    gc.disable()
+    try:
+        loader = PingPongLoader(SeqSource(triples, shuffle=False), features, labels,
+                                device=device)
+        cycle: dict[str, Any] = {"loader": loader, "it": iter(loader)}
+        cycle["self"] = cycle  # only the garbage collector can free them
+        batch = next(cycle["it"])
+        producer = next(t for t in threading.enumerate() if t.name.startswith("pingpong-prod"))
+        del loader, cycle, batch
+        device.dropped.set()
+        producer.join(5)
+        assert not producer.is_alive()
+    finally:
+        gc.enable()
+    assert device.collected_on
+    assert device.collected_on[0].startswith("pingpong-producer")
+    assert wait_for_no_pingpong_threads(3.0) == []
+    assert device.closed  # by a closer thread, once the producer had left
+    assert device.after_close == []
+
+
+# -- the slot lease -------------------------------------------------------------------------
+class StreamLog(CPUDevice):
+    """Logs which "streams" waited for a batch and were recorded on at release."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.log: list[tuple[str, Any]] = []
+
+    def consumer_wait(self, event: Any, stream: Any = None) -> Any:
+        used = "current" if stream is None else stream
+        self.log.append(("wait", used))
+        return used
+
+    def consumer_record(self, stream: Any = None) -> Any:
+        self.log.append(("record", stream))
+        return ("released-on", stream)
+
+
+def test_a_lease_releases_on_every_stream_the_batch_was_used_on():
+    device = StreamLog()
+    store = make_feature_store(torch.zeros(4, 2))
+    (slot,) = make_slots(store, 1, "initial")
+    lease = Lease(slot, device, "ready")
+    lease.use_on(None)
+    lease.use_on("side")
+    lease.use_on("side")  # twice: one release event still
+    assert lease.end() == (("released-on", "current"), ("released-on", "side"))
+    assert lease.end() is None  # once only
+    with pytest.raises(pingpong.BatchExpiredError):
+        lease.use_on("late")
+    assert [entry for entry in device.log if entry[0] == "record"] == [
+        ("record", "current"), ("record", "side")]
+
+
+def test_batch_record_stream_goes_through_the_lease_until_the_next_batch():
+    triples, features, _ = triples_and_tables()
+    device = StreamLog()
+    with PingPongLoader(SeqSource(triples, shuffle=False), features, device=device) as loader:
+        it = iter(loader)
+        first = next(it)
+        assert first.record_stream("side") is first
+        assert ("wait", "side") in device.log
+        second = next(it)
+        releases = [entry for entry in device.log if entry[0] == "record"]
+        assert releases == [("record", "current"), ("record", "side")]
+        with pytest.raises(pingpong.BatchExpiredError):
+            first.record_stream("other")
+        assert second.clone().record_stream("other") is not None  # a clone owns its memory
+        it.close()
+
+
+def test_a_failing_consumer_wait_ends_the_epoch_instead_of_skipping_a_batch():
+    """Found: the slot whose wait raised was never handed back, and the batch was lost."""
+    triples, features, _ = triples_and_tables()
+    device = fake(seed=4)
+    with PingPongLoader(SeqSource(triples, shuffle=False), features, device=device) as loader:
+        it = iter(loader)
+        next(it)
+        device.inject_fault("consumer_wait", 1, lambda: RuntimeError("stream broke"))
+        with pytest.raises(RuntimeError, match="stream broke"):
+            next(it)
+        with pytest.raises(StopIteration):
+            next(it)  # no later batch is delivered as if nothing happened
+        device.clear_faults()
+        verifier = Verifier(device, Expected(features, None, triples))
+        for batch in loader:
+            verifier.submit(batch)
+        verifier.resolve()
+    assert (verifier.checked, verifier.corrupted) == (BATCHES, 0)
+
+
+# -- every pattern, in any order -----------------------------------------------------------
+class UsagePatterns(RuleBasedStateMachine):
+    """create / iter / next / break / nested iter / close (also from another thread) /
+    drop the loader / drop the iterator / GC, on the CPU and the fake device.
+
+    The model tracks what each iterator must do next; every delivered batch is
+    checked against the synchronous reference (on the fake device by reads
+    queued on its consumer stream), and none may be skipped or repeated.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.triples, self.features, self.labels = triples_and_tables(5)
+        self.expected = Expected(self.features, self.labels, self.triples)
+        self.loaders: list[dict[str, Any]] = []  # {"loader": ..., "verifier": ...}
+        self.iterators: list[dict[str, Any]] = []  # {"it", "owner", "state", "pos"}
+        self.verifiers: list[Verifier] = []
+        self.seed = 0
+
+    # -- model helpers
+    @staticmethod
+    def _pick(data: st.DataObject, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """Draw an index, not the entry: hypothesis keeps what it draws for its
+        report, and a drawn loader would stay alive until the example ends."""
+        return entries[data.draw(st.integers(0, len(entries) - 1))]
+
+    def _open_loaders(self) -> list[dict[str, Any]]:
+        return [entry for entry in self.loaders if not entry["dropped"]]
+
+    def _running(self, owner: dict[str, Any]) -> list[dict[str, Any]]:
+        return [i for i in self.iterators if i["owner"] is owner and i["state"] == "running"]
+
+    @precondition(lambda self: len(self.loaders) < 2)
+    @rule(on_fake=st.booleans(), num_buffers=st.integers(2, 3))
+    def create(self, on_fake: bool, num_buffers: int) -> None:
+        self.seed += 1
+        device = fake(seed=self.seed, max_delay_s=0.001) if on_fake else "cpu"
+        loader = PingPongLoader(SeqSource(self.triples, shuffle=False), self.features,
+                                self.labels, device=device, num_buffers=num_buffers, timeout=20)
+        verifier = Verifier(device, self.expected)
+        self.verifiers.append(verifier)
+        self.loaders.append({"loader": loader, "verifier": verifier, "dropped": False})
+
+    @precondition(lambda self: any(not entry["dropped"] for entry in self.loaders))
+    @rule(data=st.data())
+    def start_epoch(self, data: st.DataObject) -> None:
+        owner = self._pick(data, self._open_loaders())
+        for older in self._running(owner):
+            older["state"] = "superseded"
+        it = iter(owner["loader"])
+        self.iterators.append({"it": it, "owner": owner, "state": "running", "pos": 0})
+
+    @precondition(lambda self: bool(self.iterators))
+    @rule(data=st.data(), steps=st.integers(1, 4))
+    def advance(self, data: st.DataObject, steps: int) -> None:
+        entry = self._pick(data, self.iterators)
+        for _ in range(steps):
+            state = entry["state"]
+            if state == "running" and entry["pos"] < len(self.triples):
+                batch = next(entry["it"])
+                assert batch.blocks["seq"] == entry["pos"], "a batch was skipped or repeated"
+                entry["owner"]["verifier"].submit(batch)
+                entry["pos"] += 1
+                continue
+            error = {
+                "running": StopIteration,
+                "done": StopIteration,
+                "closed": StopIteration,
+                "superseded": pingpong.EpochSupersededError,
+                "loader closed": pingpong.LoaderClosedError,
+            }[state]
+            with pytest.raises(error):
+                next(entry["it"])
+            if state == "running":
+                entry["state"] = "done"
+
+    @precondition(lambda self: bool(self.iterators))
+    @rule(data=st.data())
+    def close_iterator(self, data: st.DataObject) -> None:
+        entry = self._pick(data, self.iterators)
+        entry["it"].close()
+        if entry["state"] == "running":
+            entry["state"] = "closed"
+
+    @precondition(lambda self: bool(self.iterators))
+    @rule(data=st.data(), collect=st.booleans())
+    def drop_iterator(self, data: st.DataObject, collect: bool) -> None:
+        """``break`` without keeping the iterator (or ``del it``)."""
+        entry = self._pick(data, self.iterators)
+        self.iterators.remove(entry)
+        del entry["it"]
+        if collect:
+            gc.collect(0)  # young generation only: a full pass costs ~0.2 s here
+
+    @precondition(lambda self: any(not entry["dropped"] for entry in self.loaders))
+    @rule(data=st.data(), other_thread=st.booleans())
+    def close_loader(self, data: st.DataObject, other_thread: bool) -> None:
+        owner = self._pick(data, self._open_loaders())
+        if other_thread:
+            closer = threading.Thread(target=owner["loader"].close)
+            closer.start()
+            closer.join(10)
+            assert not closer.is_alive()
+        else:
+            owner["loader"].close()
+        for entry in self._running(owner):
+            entry["state"] = "loader closed"
+        owner["dropped"] = True  # closed: no new epochs (iter raises; tested elsewhere)
+        with pytest.raises(pingpong.LoaderClosedError):
+            iter(owner["loader"])
+
+    @precondition(lambda self: any(not entry["dropped"] for entry in self.loaders))
+    @rule(data=st.data())
+    def drop_loader(self, data: st.DataObject) -> None:
+        """Keep only the iterators: they must go on working (a temporary loader)."""
+        owner = self._pick(data, self._open_loaders())
+        owner["dropped"] = True
+        owner["loader"] = None
+
+    @rule()
+    def collect_garbage(self) -> None:
+        gc.collect(1)
+
+    @invariant()
+    def producers_at_most_one_per_open_loader(self) -> None:
+        # superseded, closed and failed epochs were retired: their producers left
+        # (dropped iterators' producers stop too, but asynchronously)
+        producers = [t for t in threading.enumerate() if t.name.startswith("pingpong-producer")]
+        assert len(producers) <= len(self.loaders) + len(self.iterators)
+
+    def teardown(self) -> None:
+        while self.iterators:  # no loop variable may keep the last one alive
+            self.iterators.pop()["it"].close()
+        while self.loaders:
+            loader = self.loaders.pop()["loader"]
+            if loader is not None:
+                loader.close()
+            del loader
+        gc.collect()
+        for verifier in self.verifiers:
+            verifier.resolve()
+            assert verifier.corrupted == 0
+        assert wait_for_no_pingpong_threads(5.0) == []
+
+
+test_usage_patterns_state_machine = UsagePatterns.TestCase
+test_usage_patterns_state_machine.settings = settings(
+    max_examples=60,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_the_state_machine_reads_what_the_batch_held():
+    """The machine's verifier compares to the reference (a sanity check of the check)."""
+    triples, features, labels = triples_and_tables(2)
+    with PingPongLoader(SeqSource(triples, shuffle=False), features, labels) as loader:
+        batch = next(iter(loader))
+        assert batch_digest(batch) == (Expected(features, labels, triples).x[0],
+                                       Expected(features, labels, triples).y[0])
