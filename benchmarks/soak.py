@@ -54,7 +54,7 @@ import torch
 import pingpong
 from pingpong import PingPongLoader
 from pingpong.devices.fake import FakeAsyncDevice, tensor_digest
-from pingpong.errors import SlotOverwriteError
+from pingpong.errors import EpochSupersededError, SlotOverwriteError
 
 NUM_ROWS = 5000
 ROW_WIDTH = 16
@@ -278,9 +278,9 @@ def run_epoch(
         try:
             next(held.iterator)
             tally.unexpected.append("a superseded iterator yielded a batch")
-        except StopIteration:
+        except EpochSupersededError:
             pass
-    producer = loader._holder.epoch.thread  # type: ignore[union-attr]
+    producer = loader._core.epoch.thread  # type: ignore[union-attr]
     tally.epochs += 1
     caught: BaseException | None = None
     caught_at = 0.0

@@ -73,20 +73,23 @@ def test_bad_output_ids_checked_only_with_labels():
 
 
 def test_bad_id_never_reaches_the_slot():
-    """The batch before a bad one stays intact: nothing was written for the bad one."""
+    """Nothing is written for a bad batch: with two slots, bad batch 2 would land
+    in batch 0's slot (handed back when batch 1 was asked for), whose rows the
+    test kept a view of -- they must still be batch 0's."""
     features = torch.arange(N * 2, dtype=torch.float32).reshape(N, 2)
     source = [
-        (torch.arange(8), torch.arange(1), None),
+        (torch.arange(50, 58), torch.arange(1), None),
+        (torch.arange(60, 68), torch.arange(1), None),
         (torch.tensor([1, 2, N]), torch.arange(1), None),
     ]
     with PingPongLoader(source, features, num_buffers=2) as loader:
         it = iter(loader)
-        batch = next(it)
+        slot_a = next(it).x  # a view of slot A
+        slot_b = next(it).x  # slot A is free again: the producer may fill it now
         with pytest.raises(IndexError):
             next(it)
-        # with 2 slots the bad batch would have gone into the other slot; check
-        # that both slots hold either nothing or batch 0's rows
-        assert torch.equal(batch.x, features[:8])
+        assert torch.equal(slot_a, features[50:58])
+        assert torch.equal(slot_b, features[60:68])
 
 
 @pytest.mark.parametrize(
