@@ -144,3 +144,68 @@ def test_sorted_id_gather_keeps_output_order():
             for batch, (inputs, outputs, _b) in zip(loader, source, strict=True):
                 assert _host_equal(batch.x, features[inputs])
                 assert _host_equal(batch.y, labels[outputs])
+
+
+# -- the stream contract (docs/guide.rst, "CUDA streams") ------------------------------
+SLEEP_CYCLES = 20_000_000  # ~10 ms of GPU time queued before each read
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reading_on_a_side_stream_after_record_stream(mode):
+    """``batch.record_stream(side)``: side waits for the batch, the slot waits for side.
+
+    Without it the side stream's delayed read would see the slot refilled.
+    """
+    features = torch.randn(N, 64)
+    source = make_triples(N, 16, max_inputs=2000)
+    side = torch.cuda.Stream()
+    with PingPongLoader(source, features, device="cuda", gather=mode, num_buffers=2) as loader:
+        sums = []
+        for batch in loader:
+            batch.record_stream(side)
+            with torch.cuda.stream(side):
+                torch.cuda._sleep(SLEEP_CYCLES)
+                sums.append(batch.x.double().sum(dim=1))
+        torch.cuda.synchronize()
+        for got, (inputs, _o, _b) in zip(sums, source, strict=True):
+            assert torch.equal(got.cpu(), features[inputs].double().sum(dim=1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_switching_streams_between_batches_keeps_each_batch_until_its_stream_is_done(mode):
+    """Batch k is read on stream k % 2; its release is recorded on that stream,
+    not on the stream current at the next ``next()`` (the other one)."""
+    features = torch.randn(N, 64)
+    source = make_triples(N, 16, max_inputs=2000)
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    with PingPongLoader(source, features, device="cuda", gather=mode, num_buffers=2) as loader:
+        it = iter(loader)
+        sums = []
+        for k in range(len(source)):
+            with torch.cuda.stream(streams[k % 2]):
+                batch = next(it)
+                torch.cuda._sleep(SLEEP_CYCLES)
+                sums.append(batch.x.double().sum(dim=1))
+        it.close()
+        torch.cuda.synchronize()
+        for got, (inputs, _o, _b) in zip(sums, source, strict=True):
+            assert torch.equal(got.cpu(), features[inputs].double().sum(dim=1))
+
+
+def test_dgl_graphs_moved_on_the_copy_stream_are_recorded_on_the_consumer_stream(dgl):
+    """Needs a DGL build that can put graphs on the GPU (PyPI's cannot: skipped there)."""
+    g = dgl.rand_graph(N, 8 * N)
+    try:
+        g.to("cuda")
+    except Exception as exc:  # noqa: BLE001 - any failure means a CPU-only DGL build
+        pytest.skip(f"this DGL build cannot move graphs to the GPU: {exc}")
+    sampler = dgl.dataloading.NeighborSampler([4, 4])
+    source = dgl.dataloading.DataLoader(g, torch.arange(512), sampler, batch_size=64)
+    features = torch.randn(N, 16)
+    with PingPongLoader(source, features, device="cuda") as loader:
+        for batch in loader:
+            torch.cuda._sleep(SLEEP_CYCLES)
+            assert all(block.device.type == "cuda" for block in batch.blocks)
+            edges = [block.edges()[0].sum() for block in batch.blocks]
+            assert _host_equal(batch.x, features[batch.input_nodes.cpu()])
+            assert all(int(e) >= 0 for e in edges)
