@@ -104,7 +104,7 @@ class Plan:
     """What one epoch does."""
 
     length: int
-    fault: str | None = None  # sampler | validation | gather | move_blocks | record | consumer
+    fault: str | None = None  # sampler | validation | gather | move_graphs | record | consumer
     fault_at: int = -1
     exit: str | None = None  # break | break-held | iterator-close | loader-close
     exit_at: int = -1
@@ -132,7 +132,7 @@ class EpochSource:
             # still make one more device call and shift the count).
             self.device.clear_faults()
             self.device.fault_times.clear()
-            if plan.fault in ("gather", "move_blocks", "record"):
+            if plan.fault in ("gather", "move_graphs", "record"):
                 per_batch = 2 if plan.fault == "gather" else 1
                 self.device.inject_fault(
                     plan.fault, plan.fault_at * per_batch + 1, lambda: InjectedDeviceError()
@@ -205,7 +205,7 @@ FAULT_WEIGHTS = [
     ("sampler", 0.08),
     ("validation", 0.06),
     ("gather", 0.06),
-    ("move_blocks", 0.04),
+    ("move_graphs", 0.04),
     ("record", 0.04),
     ("consumer", 0.10),
 ]
@@ -391,11 +391,11 @@ def check_fault(
         "sampler": InjectedSamplerError,
         "validation": pingpong.IdRangeError,
         "gather": InjectedDeviceError,
-        "move_blocks": InjectedDeviceError,
+        "move_graphs": InjectedDeviceError,
         "record": InjectedDeviceError,
     }.get(plan.fault or "")
     fault_time = source.fault_time
-    if plan.fault in ("gather", "move_blocks", "record"):
+    if plan.fault in ("gather", "move_graphs", "record"):
         fault_time = device.fault_times.pop() if device.fault_times else None
     # The fault is due in the training loop unless it left the epoch earlier (an
     # early exit before the faulty batch; the producer may have hit it already).

@@ -21,12 +21,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pingpong.blocks import EdgeBlock, as_edge_block, is_dgl_block
+from pingpong.blocks import EdgeBlock, as_edge_block
 
 
 def num_dst_nodes(block: Any) -> int:
     """Destination-node count of an :class:`EdgeBlock` or a DGL block."""
-    return int(block.num_dst_nodes() if is_dgl_block(block) else block.num_dst_nodes)
+    return int(block.num_dst_nodes if isinstance(block, EdgeBlock) else block.num_dst_nodes())
 
 
 def mean_aggregate(block: EdgeBlock, h: torch.Tensor) -> torch.Tensor:

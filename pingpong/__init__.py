@@ -7,7 +7,7 @@ features and labels already on the training device.
 
 from __future__ import annotations
 
-from .batch import Batch
+from .batch import Batch, CustomBatch, EdgeBatch, NegativeEdgeBatch, SubgraphBatch
 from .blocks import EdgeBlock, as_edge_block
 from .errors import (
     BatchExpiredError,
@@ -35,6 +35,8 @@ __all__ = [
     "BatchFormError",
     "BatchTimeoutError",
     "ConfigError",
+    "CustomBatch",
+    "EdgeBatch",
     "EdgeBlock",
     "EpochSupersededError",
     "GatherModeUnavailable",
@@ -42,10 +44,12 @@ __all__ = [
     "IdShapeError",
     "IdTypeError",
     "LoaderClosedError",
+    "NegativeEdgeBatch",
     "PingPongError",
     "PingPongLoader",
     "ProducerDiedError",
     "SlotOverwriteError",
+    "SubgraphBatch",
     "TableError",
     "__version__",
     "as_edge_block",

@@ -25,9 +25,10 @@ from ._lifecycle import (
     register_epoch,
 )
 from ._producer import Delivery, Failure, Message, produce
-from .batch import Batch
+from .batch import LeasedBatch
 from .devices.base import Device
 from .errors import BatchTimeoutError, ProducerDiedError, SlotOverwriteError
+from .forms import ItemReader
 from .slots import Lease, Slot
 from .stats import LoaderStats
 from .store import FeatureStore
@@ -61,6 +62,7 @@ class Epoch:
         self,
         source: Iterable[Any],
         store: FeatureStore,
+        reader: ItemReader,
         device: Device,
         slots: list[Slot],
         stats: LoaderStats,
@@ -95,6 +97,7 @@ class Epoch:
             args=(
                 source,
                 store,
+                reader,
                 device,
                 self.free_q,
                 self.ready_q,
@@ -111,7 +114,7 @@ class Epoch:
         self.thread.start()
 
     # -- consumer side -------------------------------------------------------
-    def next_batch(self) -> Batch:
+    def next_batch(self) -> Any:
         """Hand back the held slot, wait for the next delivery, return it as a Batch."""
         self._raise_if_ended()
         try:
@@ -142,7 +145,7 @@ class Epoch:
         self.retire(join_timeout())
         raise StopIteration
 
-    def _deliver(self, message: Delivery, lease: Lease) -> Batch:
+    def _deliver(self, message: Delivery, lease: Lease) -> Any:
         try:
             lease.use_on(None)  # the stream current now waits for the batch
             if self.debug:
@@ -152,14 +155,10 @@ class Epoch:
             self._fail(SHORT_JOIN_TIMEOUT_S)
             raise
         self.stats.add(batches=1)
-        return Batch.leased(
-            lease,
-            message.input_nodes,
-            message.output_nodes,
-            message.blocks,
-            message.x,
-            message.y,
-        )
+        batch = message.batch
+        if isinstance(batch, LeasedBatch):
+            batch._lease = lease
+        return batch
 
     def _raise_if_ended(self) -> None:
         state = self.state
@@ -274,7 +273,7 @@ class Epoch:
             )
 
 
-class EpochIterator(Iterator[Batch]):
+class EpochIterator(Iterator[Any]):
     """What ``iter(loader)`` returns: one epoch of batches.
 
     It keeps its loader alive, so ``for batch in PingPongLoader(...)`` works.
@@ -286,7 +285,7 @@ class EpochIterator(Iterator[Batch]):
         self._loader = loader
         self._epoch = epoch
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> Any:
         return self._epoch.next_batch()
 
     @property

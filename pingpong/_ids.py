@@ -53,31 +53,39 @@ TableIds = dict[str | None, np.ndarray]
 
 
 def batch_ids(
-    store: FeatureStore, input_nodes: Any, output_nodes: Any
+    store: FeatureStore,
+    feature_ids: Any,
+    label_ids: Any,
+    feature_name: str = "input_nodes",
+    label_name: str = "output_nodes",
 ) -> tuple[TableIds, TableIds]:
     """Validate one batch's ids for every table; read no table.
 
-    Homogeneous store: every feature table gets the same ``input_nodes``
-    array (the same object, so a device stages it once) and the labels get
-    ``output_nodes``.  Heterogeneous store: table ``ntype`` gets
-    ``input_nodes[ntype]`` (labels: ``output_nodes[ntype]``), each checked
+    Homogeneous store: every feature table gets the same ``feature_ids``
+    array (the same object, so a device stages it once) and the label table
+    gets ``label_ids``, checked against its own row count (node labels have
+    ``N`` rows, edge labels one per edge).  ``label_ids`` of ``None`` gathers
+    no labels.  Heterogeneous store: table ``ntype`` gets
+    ``feature_ids[ntype]`` (labels: ``label_ids[ntype]``), each checked
     against that table's own row count; a node type that has a table but no
     entry in the dict gets no ids (DGL leaves out of ``output_nodes`` the seed
     types a batch happens not to contain); node types without a table are not
-    looked at (their ids are delivered as given).
+    looked at (their ids are delivered as given).  The names are what error
+    messages call the ids.
 
     Raises what :func:`host_ids` raises, and ``IdTypeError`` when a
     heterogeneous batch's ids are not a dict.
     """
+    gather_labels = bool(store.label_tables) and label_ids is not None
     if not store.heterogeneous:
-        x_ids = host_ids(input_nodes, store.num_rows, "input_nodes")
+        x_ids = host_ids(feature_ids, store.num_rows, feature_name)
         y_ids: TableIds = {}
-        if store.label_tables:
-            y_ids[None] = host_ids(output_nodes, store.num_rows, "output_nodes")
+        if gather_labels:
+            y_ids[None] = host_ids(label_ids, store.label_tables[None].num_rows, label_name)
         return dict.fromkeys(store.tables, x_ids), y_ids
     return (
-        _typed_ids(input_nodes, store.tables, "input_nodes"),
-        _typed_ids(output_nodes, store.label_tables, "output_nodes") if store.label_tables else {},
+        _typed_ids(feature_ids, store.tables, feature_name),
+        _typed_ids(label_ids, store.label_tables, label_name) if gather_labels else {},
     )
 
 

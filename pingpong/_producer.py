@@ -20,7 +20,7 @@ from typing import Any
 
 from ._ids import TableIds, batch_ids
 from .devices.base import Device, Event
-from .errors import BatchFormError
+from .forms import ItemPlan, ItemReader, place_graphs
 from .slots import Buffer, Slot
 from .stats import LoaderStats
 from .store import FeatureStore, HostTable
@@ -28,7 +28,7 @@ from .store import FeatureStore, HostTable
 
 @dataclass(frozen=True)
 class Delivery:
-    """A filled slot and the batch fields that point into it.
+    """A filled slot and the batch that points into it.
 
     ``generation`` is ``slot.generation`` right after this fill (see the
     loader's ``debug`` option).
@@ -38,11 +38,7 @@ class Delivery:
     generation: int
     slot: Slot
     ready_event: Event
-    input_nodes: Any
-    output_nodes: Any
-    blocks: Any
-    x: Any
-    y: Any
+    batch: Any
 
 
 @dataclass(frozen=True)
@@ -63,16 +59,6 @@ class Failure:
 Message = Delivery | EndOfEpoch | Failure
 
 
-def _unpack(item: Any, seq: int) -> tuple[Any, Any, Any]:
-    if not isinstance(item, tuple | list) or len(item) != 3:
-        raise BatchFormError(
-            f"source item {seq} is {type(item).__name__}"
-            + (f" of length {len(item)}" if isinstance(item, tuple | list) else "")
-            + "; expected an (input_nodes, output_nodes, blocks) triple"
-        )
-    return item[0], item[1], item[2]
-
-
 def _take_free_slot(
     free_q: queue.SimpleQueue[Slot], stop: threading.Event, poll_s: float
 ) -> Slot | None:
@@ -87,6 +73,7 @@ def _take_free_slot(
 def produce(
     source: Iterable[Any],
     store: FeatureStore,
+    reader: ItemReader,
     device: Device,
     free_q: queue.SimpleQueue[Slot],
     ready_q: queue.SimpleQueue[Any],
@@ -119,8 +106,12 @@ def produce(
             except StopIteration:
                 break
             t1 = time.perf_counter()
-            input_nodes, output_nodes, blocks = _unpack(item, seq)
-            x_ids, y_ids = batch_ids(store, input_nodes, output_nodes)
+            plan = reader.read(item, seq)
+            x_ids, y_ids = batch_ids(
+                store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
+                plan.label_ids_name,
+            )
+            graphs = place_graphs(plan.graphs, device.torch_device)
             t2 = time.perf_counter()
             slot = _take_free_slot(free_q, stop, poll_s)
             if slot is None:
@@ -129,9 +120,7 @@ def produce(
             with write_lock:
                 if stop.is_set():
                     return
-                delivery = _fill(
-                    slot, seq, store, device, x_ids, y_ids, input_nodes, output_nodes, blocks
-                )
+                delivery = _fill(slot, seq, store, device, x_ids, y_ids, plan, graphs)
             t4 = time.perf_counter()
             ready_q.put(delivery)
             stats.add(
@@ -188,9 +177,8 @@ def _fill(
     device: Device,
     x_ids: TableIds,
     y_ids: TableIds,
-    input_nodes: Any,
-    output_nodes: Any,
-    blocks: Any,
+    plan: ItemPlan,
+    graphs: list[Any],
 ) -> Delivery:
     """Gather one batch into ``slot`` on the copy stream; caller holds the write lock."""
     device.begin_fill()
@@ -199,12 +187,8 @@ def _fill(
     slot.generation += 1
     xs = _gather_all(slot.x, x_ids, device)
     ys = _gather_all(slot.y, y_ids, device)
-    moved_blocks = device.move_blocks(blocks)
-    moved_in = device.move_ids(input_nodes)
-    moved_out = device.move_ids(output_nodes)
+    moved = device.move_graphs(graphs)
     ready_event = device.record()
     x = xs if store.is_dict else xs[None]
     y = ys.get(None) if not store.heterogeneous else (ys if ys else None)
-    return Delivery(
-        seq, slot.generation, slot, ready_event, moved_in, moved_out, moved_blocks, x, y
-    )
+    return Delivery(seq, slot.generation, slot, ready_event, plan.build(moved, x, y))

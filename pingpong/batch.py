@@ -20,6 +20,37 @@ def _clone(value: Any) -> Any:
     return value
 
 
+class LeasedBatch:
+    """What every pingpong batch type adds to its fields: the slot lease.
+
+    Mixed into the named tuples below (their instances have a ``__dict__``
+    for it); ``_lease`` is set by the consumer when ``next()`` delivers the
+    batch, and ``None`` for a clone.
+    """
+
+    #: The slot lease this batch was delivered with (``None`` for a clone).
+    _lease: Lease | None = None
+
+    def record_stream(self, stream: Any) -> Any:
+        """Use this batch on ``stream`` too: ``stream`` waits until the batch is ready,
+        and the slot is not refilled before the work queued on ``stream`` up to
+        the next ``next()`` is done.  Returns the batch.
+
+        Raises :class:`~pingpong.errors.BatchExpiredError` once the slot was
+        handed back.  A clone owns its memory: this does nothing for it.
+        """
+        if self._lease is not None:
+            self._lease.use_on(stream)
+        return self
+
+    def clone(self) -> Any:
+        """A copy whose ``x`` and ``y`` own their memory (safe to keep)."""
+        fields = self._asdict()  # type: ignore[attr-defined]
+        fields["x"] = _clone(fields["x"])
+        fields["y"] = _clone(fields["y"])
+        return type(self)(**fields)
+
+
 class _BatchFields(NamedTuple):
     input_nodes: Any
     output_nodes: Any
@@ -28,17 +59,20 @@ class _BatchFields(NamedTuple):
     y: Features | None
 
 
-class Batch(_BatchFields):
-    """One mini-batch, with features and labels already on the loader's device.
+class Batch(LeasedBatch, _BatchFields):
+    """One node-classification mini-batch, with features and labels on the loader's device.
 
-    Unpacks as ``input_nodes, output_nodes, blocks, x, y = batch``.
+    What a DGL ``(input_nodes, output_nodes, blocks)`` item becomes (and
+    ShaDow's ``(input_nodes, output_nodes, subgraph)``: then ``blocks`` is the
+    subgraph).  Unpacks as ``input_nodes, output_nodes, blocks, x, y = batch``.
 
     Lifetime contract: ``x`` and ``y`` are *views into a slot* that pingpong
     reuses.  They stay valid until the training loop asks the same iterator
     for the next batch (the next turn of the ``for`` loop) or a new epoch of
     the same loader starts (``iter(loader)`` again).  Ending an epoch early
     (``break``, ``close()``, dropping the loader) does not overwrite them.
-    Keep data beyond that with :meth:`clone`.
+    Keep data beyond that with :meth:`clone`.  The same holds for every
+    batch type below.
 
     Stream contract (CUDA): the batch is ready on the CUDA stream that was
     current when ``next()`` returned it, and its slot is refilled only after
@@ -51,7 +85,7 @@ class Batch(_BatchFields):
             gave them).
         output_nodes: ids of the seed nodes whose labels are in ``y``.
         blocks: the sampled layers (DGL blocks, or :class:`~pingpong.blocks.EdgeBlock`
-            where DGL cannot put blocks on the device).
+            where DGL cannot put blocks on the device), on the device.
         x: ``features[input_nodes]`` -- a tensor, or a dict of tensors when the
             loader was given a dict of feature tables (heterogeneous loaders:
             ``{t: features[t][input_nodes[t]]}``).
@@ -59,38 +93,67 @@ class Batch(_BatchFields):
             (heterogeneous loaders: ``{t: labels[t][output_nodes[t]]}``).
     """
 
-    #: The slot lease this batch was delivered with (``None`` for a clone).
-    _lease: Lease | None = None
 
-    @classmethod
-    def leased(
-        cls,
-        lease: Lease,
-        input_nodes: Any,
-        output_nodes: Any,
-        blocks: Any,
-        x: Features,
-        y: Features | None,
-    ) -> Batch:
-        """A batch whose fields live in ``lease``'s slot."""
-        batch = cls(input_nodes, output_nodes, blocks, x, y)
-        batch._lease = lease
-        return batch
+class _EdgeFields(NamedTuple):
+    input_nodes: Any
+    pair_graph: Any
+    blocks: Any
+    x: Features
+    y: torch.Tensor | None
 
-    def record_stream(self, stream: Any) -> Batch:
-        """Use this batch on ``stream`` too: ``stream`` waits until the batch is ready,
-        and the slot is not refilled before the work queued on ``stream`` up to
-        the next ``next()`` is done.  Returns the batch.
 
-        Raises :class:`~pingpong.errors.BatchExpiredError` once the slot was
-        handed back.  A clone owns its memory: this does nothing for it.
-        """
-        if self._lease is not None:
-            self._lease.use_on(stream)
-        return self
+class EdgeBatch(LeasedBatch, _EdgeFields):
+    """An edge-prediction mini-batch without negatives.
 
-    def clone(self) -> Batch:
-        """A copy whose ``x`` and ``y`` own their memory (safe to keep)."""
-        return Batch(
-            self.input_nodes, self.output_nodes, self.blocks, _clone(self.x), _clone(self.y)
-        )
+    What DGL's ``as_edge_prediction_sampler(sampler)`` item ``(input_nodes,
+    pair_graph, blocks)`` becomes: the same fields, graphs on the device, plus
+    ``x = features[input_nodes]`` and ``y = edge_labels[pair_graph.edata[dgl.EID]]``
+    (``None`` without ``edge_labels``).
+    """
+
+
+class _NegativeEdgeFields(NamedTuple):
+    input_nodes: Any
+    pair_graph: Any
+    neg_pair_graph: Any
+    blocks: Any
+    x: Features
+    y: torch.Tensor | None
+
+
+class NegativeEdgeBatch(LeasedBatch, _NegativeEdgeFields):
+    """An edge-prediction mini-batch with negative sampling.
+
+    What ``as_edge_prediction_sampler(sampler, negative_sampler=...)``'s item
+    ``(input_nodes, pair_graph, neg_pair_graph, blocks)`` becomes, plus ``x``
+    and ``y`` as in :class:`EdgeBatch` (``y`` labels the positive edges).
+    """
+
+
+class _SubgraphFields(NamedTuple):
+    subgraph: Any
+    x: Features
+    y: Features | None
+
+
+class SubgraphBatch(LeasedBatch, _SubgraphFields):
+    """A node-induced subgraph (``ClusterGCNSampler``, ``SAINTSampler``).
+
+    ``subgraph`` on the device, ``x = features[subgraph.ndata[dgl.NID]]`` and
+    ``y = labels[subgraph.ndata[dgl.NID]]``: one row per subgraph node, in the
+    subgraph's node order.
+    """
+
+
+class _CustomFields(NamedTuple):
+    item: Any
+    x: Features
+    y: Features | None
+
+
+class CustomBatch(LeasedBatch, _CustomFields):
+    """An item read through the loader's ``form=`` callable.
+
+    ``item`` is the source's item as it was (nothing in it is moved);
+    ``x``/``y`` are gathered at the ids the callable returned.
+    """

@@ -59,42 +59,16 @@ class EdgeBlock:
         return deg
 
 
-def is_dgl_block(block: Any) -> bool:
-    """True if ``block`` is a DGL graph/block (without importing DGL)."""
-    return type(block).__module__.startswith("dgl.") and hasattr(block, "num_src_nodes")
-
-
-def edge_block_from_dgl(block: Any) -> EdgeBlock:
-    """The :class:`EdgeBlock` of a DGL block (same local ids, on its device).
-
-    ``TypeError`` for a heterogeneous block (more than one edge type, or more
-    than one source or destination node type, as in a bipartite ``user ->
-    item`` block): an :class:`EdgeBlock` has one edge list over one id space
-    per side, and merging the types would mix their local ids.
-    """
-    etypes = getattr(block, "canonical_etypes", [])
-    srctypes = getattr(block, "srctypes", [])
-    dsttypes = getattr(block, "dsttypes", [])
-    if max(len(etypes), len(srctypes), len(dsttypes)) > 1:
-        raise TypeError(
-            f"a heterogeneous DGL block ({len(etypes)} edge types, source node types "
-            f"{list(srctypes)}, destination node types {list(dsttypes)}) has no "
-            "single-edge-list EdgeBlock form; on CUDA this needs a DGL build that can "
-            "move blocks to the GPU"
-        )
-    src, dst = block.edges()
-    return EdgeBlock(
-        src.to(torch.int64),
-        dst.to(torch.int64),
-        int(block.num_src_nodes()),
-        int(block.num_dst_nodes()),
-    )
-
-
 def as_edge_block(block: Any) -> EdgeBlock:
-    """Return ``block`` as an :class:`EdgeBlock` (DGL blocks are converted)."""
+    """Return ``block`` as an :class:`EdgeBlock` (DGL blocks and graphs are converted).
+
+    ``TypeError`` for anything else, and for heterogeneous DGL graphs (see
+    :func:`pingpong.forms._dgl.edge_block_from_dgl`).
+    """
     if isinstance(block, EdgeBlock):
         return block
-    if is_dgl_block(block):
+    from .forms._dgl import edge_block_from_dgl, is_dgl_graph
+
+    if is_dgl_graph(block):
         return edge_block_from_dgl(block)
     raise TypeError(f"expected an EdgeBlock or a DGL block, got {type(block).__name__}")

@@ -13,9 +13,9 @@ import torch
 
 from ._epoch import Epoch, EpochIterator
 from ._lifecycle import LoaderCore
-from .batch import Batch
 from .devices import Device, make_device
 from .errors import ConfigError
+from .forms import FormCallable, ItemReader
 from .slots import Slot, make_slots
 from .stats import LoaderStats
 from .store import FeatureStore, make_feature_store
@@ -23,7 +23,7 @@ from .store import FeatureStore, make_feature_store
 _loader_ids = itertools.count()
 
 
-class PingPongLoader(Iterable[Batch]):
+class PingPongLoader(Iterable[Any]):
     """Pipelined loader: batches arrive with features and labels on ``device``.
 
     A producer thread iterates ``source``, checks the ids, and gathers
@@ -31,14 +31,25 @@ class PingPongLoader(Iterable[Batch]):
     ``num_buffers`` preallocated slots while the training loop works on another.
 
     Args:
-        source: a re-iterable (DGL ``DataLoader``, list, ...) yielding
-            ``(input_nodes, output_nodes, blocks)``; each ``iter(loader)`` makes
-            one pass over it.  One-shot iterators (generators) are refused.
+        source: a re-iterable (DGL ``DataLoader``, GraphBolt ``DataLoader``,
+            list, ...) yielding items of a form :mod:`pingpong.forms` reads:
+            DGL node triples ``(input_nodes, output_nodes, blocks)``, ShaDow
+            items, edge-prediction items with or without negatives, subgraphs
+            (ClusterGCN, SAINT), GraphBolt ``MiniBatch`` es, or anything with
+            ``form=``.  Each ``iter(loader)`` makes one pass over it.  One-shot
+            iterators (generators) are refused.
         features: a host tensor ``(N, ...)`` or a dict of such tensors (then
             ``batch.x`` is a dict with the same keys).  Used in place, never copied.
             With ``heterogeneous=True``: a dict ``{node type: table}``.
-        labels: ``None`` or a host tensor with first dimension ``N``; with
-            ``heterogeneous=True``, ``None`` or a dict ``{node type: table}``.
+        labels: node labels: ``None`` or a host tensor with first dimension
+            ``N``, gathered at a batch's seed nodes; with ``heterogeneous=True``,
+            ``None`` or a dict ``{node type: table}``.
+        edge_labels: edge labels for edge-prediction items, instead of
+            ``labels``: a host tensor with one row per edge id of the graph,
+            gathered at ``pair_graph.edata[dgl.EID]`` into ``batch.y``.
+        form: a callable ``form(item) -> (feature_ids, label_ids or None)`` for
+            items of any other form; the batch is then a
+            :class:`~pingpong.CustomBatch` ``(item, x, y)``.
         device: where batches are delivered: ``"cpu"`` or ``"cuda[:k]"``, or a
             :class:`~pingpong.devices.Device` instance (such as the tests'
             :class:`~pingpong.devices.fake.FakeAsyncDevice`), which the loader
@@ -90,6 +101,8 @@ class PingPongLoader(Iterable[Batch]):
         sort_ids: bool = False,
         debug: bool = False,
         heterogeneous: bool = False,
+        edge_labels: torch.Tensor | None = None,
+        form: FormCallable | None = None,
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
@@ -107,8 +120,15 @@ class PingPongLoader(Iterable[Batch]):
             raise ConfigError(
                 f"timeout must be None or a positive number of seconds, got {timeout!r}"
             )
+        if form is not None and not callable(form):
+            raise ConfigError(
+                f"form must be a callable item -> (feature ids, label ids), got {form!r}"
+            )
         self._source = source
-        self._store: FeatureStore = make_feature_store(features, labels, bool(heterogeneous))
+        self._store: FeatureStore = make_feature_store(
+            features, labels, bool(heterogeneous), edge_labels
+        )
+        reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form)
         self._device: Device = make_device(device, gather, gather_threads, sort_ids)
         try:
             self._device.attach(self._store)
@@ -129,6 +149,7 @@ class PingPongLoader(Iterable[Batch]):
             Epoch,
             self._source,
             self._store,
+            reader,
             self._device,
             self._slots,
             self._stats,

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import TableError
+from .errors import ConfigError, TableError
 
 
 def byte_rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -111,6 +111,9 @@ class FeatureStore:
     tables: dict[str | None, HostTable]
     label_tables: dict[str | None, HostTable]
     heterogeneous: bool = False
+    #: What the label table is indexed by: ``"node"`` ids, ``"edge"`` ids
+    #: (``edge_labels=``: one row per edge of the graph), or ``"none"``.
+    label_kind: str = "none"
     #: ``N`` of a homogeneous store (read per batch); 0 if heterogeneous, whose
     #: tables each have their own.
     num_rows: int = field(init=False, default=0)
@@ -141,27 +144,45 @@ def _table_dict(values: Mapping[Any, Any], what: str) -> dict[str | None, HostTa
 
 
 def make_feature_store(features: Any, labels: Any = None,
-                       heterogeneous: bool = False) -> FeatureStore:
-    """Validate ``features`` (tensor or non-empty mapping of tensors) and ``labels``.
+                       heterogeneous: bool = False, edge_labels: Any = None) -> FeatureStore:
+    """Validate ``features`` (tensor or non-empty mapping of tensors) and the labels.
 
-    With ``heterogeneous=True`` both must be mappings keyed by node type
-    (``labels`` may be ``None``), and a node type in both must have as many
-    label rows as feature rows.
+    ``labels`` are node labels (``N`` rows, like the features); ``edge_labels``
+    are edge labels (one row per edge id of the graph, any number of rows),
+    for edge-prediction items.  At most one of the two.  With
+    ``heterogeneous=True`` ``features`` and ``labels`` must be mappings keyed
+    by node type (``labels`` may be ``None``), a node type in both must have
+    as many label rows as feature rows, and ``edge_labels`` is not supported.
 
     Raises:
         TableError: see :func:`make_host_table`; also mismatched row counts
             between tables, or labels whose length differs from the features'.
+        ConfigError: both ``labels`` and ``edge_labels``, or ``edge_labels``
+            with ``heterogeneous=True``.
     """
+    if edge_labels is not None:
+        if labels is not None:
+            raise ConfigError(
+                "pass labels= (node labels) or edge_labels= (edge labels), not both: "
+                "a batch's y is one of them"
+            )
+        if heterogeneous:
+            raise ConfigError("edge_labels= is not supported with heterogeneous=True yet")
+        if isinstance(features, Mapping):
+            tables = _table_dict(features, "features")
+        else:
+            tables = {None: make_host_table(features, "features")}
+        _check_same_rows(tables)
+        return FeatureStore(
+            tables, {None: make_host_table(edge_labels, "edge_labels")}, label_kind="edge"
+        )
     if heterogeneous:
         return _make_heterogeneous_store(features, labels)
     if isinstance(features, Mapping):
         tables = _table_dict(features, "features")
     else:
         tables = {None: make_host_table(features, "features")}
-    row_counts = {t.name: t.num_rows for t in tables.values()}
-    num_rows = next(iter(row_counts.values()))
-    if len(set(row_counts.values())) != 1:
-        raise TableError(f"feature tables have different numbers of rows: {row_counts}")
+    num_rows = _check_same_rows(tables)
     label_tables: dict[str | None, HostTable] = {}
     if labels is not None:
         if isinstance(labels, Mapping):
@@ -176,7 +197,15 @@ def make_feature_store(features: Any, labels: Any = None,
                 "labels[i] must belong to node i"
             )
         label_tables[None] = label_table
-    return FeatureStore(tables, label_tables)
+    return FeatureStore(tables, label_tables, label_kind="node" if label_tables else "none")
+
+
+def _check_same_rows(tables: dict[str | None, HostTable]) -> int:
+    """The common row count of homogeneous feature tables (``TableError`` if they differ)."""
+    row_counts = {t.name: t.num_rows for t in tables.values()}
+    if len(set(row_counts.values())) != 1:
+        raise TableError(f"feature tables have different numbers of rows: {row_counts}")
+    return next(iter(row_counts.values()))
 
 
 def _make_heterogeneous_store(features: Any, labels: Any) -> FeatureStore:
@@ -201,4 +230,6 @@ def _make_heterogeneous_store(features: Any, labels: Any) -> FeatureStore:
                 f"labels[{ntype!r}] has {label_table.num_rows} rows but "
                 f"features[{ntype!r}] has {table.num_rows}; both index the same nodes"
             )
-    return FeatureStore(tables, label_tables, heterogeneous=True)
+    return FeatureStore(
+        tables, label_tables, heterogeneous=True, label_kind="node" if label_tables else "none"
+    )

@@ -209,3 +209,47 @@ def test_dgl_graphs_moved_on_the_copy_stream_are_recorded_on_the_consumer_stream
             edges = [block.edges()[0].sum() for block in batch.blocks]
             assert _host_equal(batch.x, features[batch.input_nodes.cpu()])
             assert all(int(e) >= 0 for e in edges)
+
+
+# -- batch forms on the GPU (no DGL on the GPU machine: GraphBolt stand-in, form=) -----
+class MiniBatch:
+    """Stands in for a GraphBolt MiniBatch (DGL 2.2+ field names) whose ``to()``
+    moves its structure, as GraphBolt's does."""
+
+    def __init__(self, seeds: torch.Tensor, input_nodes: torch.Tensor) -> None:
+        self.seeds = seeds
+        self.input_nodes = input_nodes
+        self.labels = None
+        self.node_features = None
+        self.sampled_subgraphs = [torch.stack((input_nodes, input_nodes.flip(0)))]
+
+    def to(self, device: torch.device) -> MiniBatch:
+        self.sampled_subgraphs = [t.to(device) for t in self.sampled_subgraphs]
+        return self
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_graphbolt_like_minibatches_move_and_fill_on_gpu(mode):
+    gen = torch.Generator().manual_seed(0)
+    features, labels = torch.randn(N, 32), torch.randint(0, 9, (N,))
+    items = [MiniBatch(torch.randperm(N, generator=gen)[:64],
+                       torch.randperm(N, generator=gen)[:1500]) for _ in range(12)]
+    with PingPongLoader(items, features, labels, device="cuda", gather=mode) as loader:
+        for minibatch in loader:
+            torch.cuda._sleep(SLEEP_CYCLES)
+            structure = minibatch.sampled_subgraphs[0]
+            assert structure.is_cuda
+            assert torch.equal(structure[0].cpu(), minibatch.input_nodes)
+            assert _host_equal(minibatch.node_features["feat"], features[minibatch.input_nodes])
+            assert _host_equal(minibatch.labels, labels[minibatch.seeds])
+
+
+def test_custom_form_on_gpu():
+    features = torch.randn(N, 16)
+    items = [{"nodes": torch.randint(0, N, (700,)), "seeds": torch.arange(k, k + 8)}
+             for k in range(10)]
+    with PingPongLoader(items, features, form=lambda item: (item["nodes"], None),
+                        device="cuda") as loader:
+        for batch, item in zip(loader, items, strict=True):
+            assert isinstance(batch, pingpong.CustomBatch)
+            assert _host_equal(batch.x, features[item["nodes"]])

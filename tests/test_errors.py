@@ -155,8 +155,10 @@ def test_one_shot_iterator_source_is_refused():
 
 def test_malformed_source_item():
     with PingPongLoader([(torch.arange(3), torch.arange(3))], torch.randn(N, 2)) as loader:
-        with pytest.raises(TypeError, match="triple"):
+        with pytest.raises(pingpong.BatchFormError, match=r"tuple of length 2") as info:
             list(loader)
+    assert "(input_nodes, output_nodes, blocks)" in str(info.value)  # lists what it reads
+    assert isinstance(info.value, TypeError)
 
 
 class SamplerError(Exception):

@@ -191,14 +191,14 @@ def test_a_fill_that_failed_before_its_record_is_never_poisoned_later(device):
     device.begin_fill()
     device.wait_event(COMPLETED)
     device.gather(table, np.array([1, 2]), failed_out)
-    device.inject_fault("move_blocks", 1, lambda: RuntimeError("transfer failed"))
+    device.inject_fault("move_graphs", 1, lambda: RuntimeError("transfer failed"))
     with pytest.raises(RuntimeError):
-        device.move_blocks([])
+        device.move_graphs([])
     out = device.allocate((2, 2), torch.float32)
     device.begin_fill()  # the next fill
     device.wait_event(COMPLETED)
     device.gather(table, np.array([3, 4]), out)
-    device.move_blocks([])
+    device.move_graphs([])
     ready = device.record()
     assert ready.tensors == (out,)
     device.consumer_wait(ready)

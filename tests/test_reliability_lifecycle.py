@@ -178,7 +178,7 @@ def test_producer_failure_at_a_random_batch(stage, seed):
 
         source._run = timed_run  # type: ignore[method-assign]
     else:
-        method = {"gather": "gather", "transfer": "move_blocks", "ready-event": "record"}[stage]
+        method = {"gather": "gather", "transfer": "move_graphs", "ready-event": "record"}[stage]
         # gather is called twice per batch (features, labels)
         device.inject_fault(method, fail_at * (2 if method == "gather" else 1) + 1, make_fault)
         fault_times = device.fault_times
@@ -364,8 +364,8 @@ def test_no_timeout_still_notices_a_producer_that_dies_mid_epoch(monkeypatch):
             elif self.count == 3:
                 raise RuntimeError("producer thread dies")
 
-    def dying_produce(source, store, device, free_q, ready_q, *rest):
-        real_produce(source, store, device, free_q, DieAfterTwo(ready_q), *rest)
+    def dying_produce(source, store, reader, device, free_q, ready_q, *rest):
+        real_produce(source, store, reader, device, free_q, DieAfterTwo(ready_q), *rest)
 
     monkeypatch.setattr(epoch_module, "produce", dying_produce)
     with PingPongLoader(seq_triples(N, 6), make_table(), timeout=None) as loader:

@@ -5,7 +5,7 @@ a :class:`Device`.  A device models two ordered queues of work:
 
 - the *copy stream*, used by the producer: ``begin_fill`` (a new slot fill
   starts: forget what an earlier, failed fill left), ``wait_event`` (do not
-  start later work before an event completed), ``gather`` and ``move_blocks``
+  start later work before an event completed), ``gather`` and ``move_graphs``
   (enqueue work), ``record`` (an event that completes when the work enqueued
   since ``begin_fill`` is done);
 - the *consumer streams*, used by the training thread: ``consumer_wait``
@@ -93,13 +93,15 @@ class Device(abc.ABC):
     def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
         """Copy stream: enqueue ``out[:] = table[ids]`` (ids already validated)."""
 
-    def move_blocks(self, blocks: Any) -> Any:
-        """Copy stream: make ``blocks`` usable on this device (default: as is)."""
-        return blocks
+    def move_graphs(self, graphs: list[Any]) -> list[Any]:
+        """Copy stream: put a fill's graphs on this device (default: as they are).
 
-    def move_ids(self, ids: Any) -> Any:
-        """Copy stream: deliver a batch's node ids (default: as the source gave them)."""
-        return ids
+        ``graphs`` are graph-like objects (``.to(device)``: DGL graphs, GraphBolt
+        minibatches, :class:`~pingpong.blocks.EdgeBlock` s) that the batch-form
+        layer (:mod:`pingpong.forms`) already turned into a form this device
+        can hold; called once per fill, also with an empty list.
+        """
+        return graphs
 
     @abc.abstractmethod
     def record(self) -> Event:

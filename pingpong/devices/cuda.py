@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..blocks import EdgeBlock, edge_block_from_dgl, is_dgl_block
+from ..blocks import EdgeBlock
 from ..errors import GatherModeUnavailable
 from ..kernels import _interop
 from ..kernels.cpu import gather_rows_cpu_unchecked
@@ -131,7 +131,6 @@ class CUDADevice(Device):
         self._staged_ids: tuple[np.ndarray, tuple[Any, Any]] | None = None
         self._pending: list[torch.Tensor] = []
         self._pending_graphs: list[Any] = []
-        self._dgl_on_device: bool | None = None
         self._closed = False
 
     @property
@@ -272,28 +271,22 @@ class CUDADevice(Device):
         staging.done = torch.cuda.Event()
         staging.done.record(self._copy_stream)
 
-    def move_blocks(self, blocks: Any) -> Any:
-        if not isinstance(blocks, list | tuple):
-            return blocks
-        return [self._move_block(block) for block in blocks]
+    def move_graphs(self, graphs: list[Any]) -> list[Any]:
+        return [self._move_graph(graph) for graph in graphs]
 
-    def _move_block(self, block: Any) -> Any:
-        if is_dgl_block(block):
-            if self._dgl_on_device is None:
-                self._dgl_on_device = _dgl_supports(self._device, block)
-            if self._dgl_on_device:
-                with torch.cuda.stream(self._copy_stream):
-                    moved_graph = block.to(self._device)
-                self._pending_graphs.append(moved_graph)
-                return moved_graph
-            block = edge_block_from_dgl(block)
-        if isinstance(block, EdgeBlock):
-            edges = torch.stack((block.src, block.dst)).pin_memory()
+    def _move_graph(self, graph: Any) -> Any:
+        if isinstance(graph, EdgeBlock):
+            edges = torch.stack((graph.src, graph.dst)).pin_memory()
             with torch.cuda.stream(self._copy_stream):
                 moved = edges.to(self._device, non_blocking=True)
             self._pending.append(moved)
-            return EdgeBlock(moved[0], moved[1], block.num_src_nodes, block.num_dst_nodes)
-        return block
+            return EdgeBlock(moved[0], moved[1], graph.num_src_nodes, graph.num_dst_nodes)
+        # A DGL graph (on a DGL build that can hold it here) or a GraphBolt
+        # MiniBatch: moved by its own .to(), on the copy stream.
+        with torch.cuda.stream(self._copy_stream):
+            moved_graph = graph.to(self._device)
+        self._pending_graphs.append(moved_graph)
+        return moved_graph
 
     def record(self) -> Event:
         event = torch.cuda.Event()
@@ -311,7 +304,7 @@ class CUDADevice(Device):
             for tensor in event.tensors:
                 tensor.record_stream(stream)
             for graph in event.graphs:
-                graph.record_stream(stream)
+                _record_graph(graph, stream)
         return stream
 
     def consumer_record(self, stream: Any = None) -> Event:
@@ -324,13 +317,31 @@ class CUDADevice(Device):
         return CudaEvent(event)
 
 
-def _dgl_supports(device: torch.device, block: Any) -> bool:
-    """True if this DGL build can put graphs on ``device`` (PyPI builds are CPU-only)."""
-    try:
-        block.to(device)
-    except Exception:  # noqa: BLE001 - DGLError, RuntimeError...: any means "no"
-        return False
-    return True
+def _record_graph(graph: Any, stream: torch.cuda.Stream) -> None:
+    """``record_stream`` for a moved graph: its own method (DGL graphs), else every
+    CUDA tensor among its attributes (a GraphBolt MiniBatch and its subgraphs)."""
+    record = getattr(graph, "record_stream", None)
+    if callable(record):
+        record(stream)
+        return
+    for tensor in _cuda_tensors(graph, depth=4):
+        tensor.record_stream(stream)
+
+
+def _cuda_tensors(obj: Any, depth: int) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj] if obj.is_cuda else []
+    if depth == 0:
+        return []
+    if isinstance(obj, dict):
+        children: Any = obj.values()
+    elif isinstance(obj, list | tuple):
+        children = obj
+    elif hasattr(obj, "__dict__"):
+        children = vars(obj).values()
+    else:
+        return []
+    return [t for child in children for t in _cuda_tensors(child, depth - 1)]
 
 
 def make_cuda_device(

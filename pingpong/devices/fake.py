@@ -6,7 +6,7 @@ asked to.  Like a GPU it has two ordered queues of work (*streams*), each
 executed later by its own worker thread (``pingpong-fake-copy-*`` and
 ``pingpong-fake-consumer-*``), each operation after a seeded random delay:
 
-- the copy stream runs ``wait_event``, ``gather``, ``move_blocks`` and
+- the copy stream runs ``wait_event``, ``gather``, ``move_graphs`` and
   ``record`` in the order the producer enqueued them;
 - the consumer stream runs ``consumer_wait``, ``consumer_record`` and whatever
   the training loop enqueues with :meth:`FakeAsyncDevice.consumer_submit`
@@ -227,7 +227,7 @@ class FakeAsyncDevice(Device):
             before release/wait), drawn from a third seeded generator.
 
     Fault injection (for failure-path tests): :meth:`inject_fault` makes the
-    n-th host call of ``gather``/``move_blocks``/``record``/``wait_event``
+    n-th host call of ``gather``/``move_graphs``/``record``/``wait_event``
     raise, in the producer thread.  Counters: :attr:`calls` (host calls per
     method) -- e.g. "no gather was enqueued for a bad batch".
 
@@ -257,7 +257,7 @@ class FakeAsyncDevice(Device):
         self._held: list[torch.Tensor] = []  # rows the consumer waited for since its last record
         self._faults: dict[str, tuple[int, Callable[[], BaseException]]] = {}
         self.calls: dict[str, int] = dict.fromkeys(
-            ("wait_event", "gather", "move_blocks", "record", "consumer_wait", "consumer_record"),
+            ("wait_event", "gather", "move_graphs", "record", "consumer_wait", "consumer_record"),
             0,
         )
         self.fault_times: list[float] = []
@@ -339,10 +339,10 @@ class FakeAsyncDevice(Device):
         self._pending.append(out)
         self.copy_stream.put("call", (run, None))
 
-    def move_blocks(self, blocks: Any) -> Any:
-        self._host_call("move_blocks")
+    def move_graphs(self, graphs: list[Any]) -> list[Any]:
+        self._host_call("move_graphs")
         self.copy_stream.put("call", (_nothing, None))
-        return blocks
+        return graphs
 
     def record(self) -> Event:
         self._host_call("record")

@@ -1,0 +1,299 @@
+"""Batch forms: what a source item is, what to gather for it, what to deliver.
+
+The producer asks :meth:`ItemReader.read` about every item before it reads
+any row.  The answer, an :class:`ItemPlan`, says which ids to gather the
+feature tables at, which ids to gather the label table at (if any), which
+graphs must move to the device, and how to build the delivered batch from
+the moved graphs and the gathered rows.  Devices therefore know tensors and
+graph-like objects (anything with ``.to(device)``), never DGL.
+
+Each form: the source item; where features / labels are gathered; what is delivered.
+
+- ``(input_nodes, output_nodes, blocks)`` (node classification): at
+  ``input_nodes`` / ``output_nodes``; a :class:`~pingpong.Batch`.
+- ``(input_nodes, output_nodes, subgraph)`` (ShaDow): the same; a
+  :class:`~pingpong.Batch` whose ``blocks`` is the subgraph.
+- ``(input_nodes, pair_graph, blocks)`` (edge prediction): at ``input_nodes``
+  / edge labels at ``pair_graph.edata[dgl.EID]``; an :class:`~pingpong.EdgeBatch`.
+- ``(input_nodes, pair_graph, neg_pair_graph, blocks)`` (with negatives): the
+  same; a :class:`~pingpong.NegativeEdgeBatch`.
+- a DGL subgraph (ClusterGCN, SAINT): at ``ndata[dgl.NID]`` for both; a
+  :class:`~pingpong.SubgraphBatch`.
+- a GraphBolt ``MiniBatch`` whose pipeline fetches no features: at
+  ``input_nodes`` / the seed nodes; the ``MiniBatch`` itself, moved, with
+  ``node_features`` (and ``labels``) filled.
+- anything, with ``form=callable``: at what the callable returns; a
+  :class:`~pingpong.CustomBatch`.
+
+Anything else raises :class:`~pingpong.errors.BatchFormError` (also a
+``TypeError``) naming what was seen and listing these forms.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..batch import Batch, CustomBatch, EdgeBatch, NegativeEdgeBatch, SubgraphBatch
+from ..blocks import EdgeBlock
+from ..errors import BatchFormError
+from . import _graphbolt
+from ._dgl import (
+    dgl_can_hold_graphs_on,
+    edge_block_from_dgl,
+    is_dgl_graph,
+    original_edge_ids,
+    original_node_ids,
+)
+
+__all__ = ["FORMS", "ItemPlan", "ItemReader", "LabelKind", "place_graphs"]
+
+#: The forms pingpong reads, as error messages list them.
+FORMS = (
+    "(input_nodes, output_nodes, blocks): DGL node classification",
+    "(input_nodes, output_nodes, subgraph): DGL ShaDowKHopSampler",
+    "(input_nodes, pair_graph, blocks): DGL edge prediction",
+    "(input_nodes, pair_graph, neg_pair_graph, blocks): DGL edge prediction with negatives",
+    "a DGL subgraph with ndata[dgl.NID]: ClusterGCNSampler, SAINTSampler",
+    "a GraphBolt MiniBatch whose pipeline does not fetch features",
+    "anything, with PingPongLoader(..., form=callable)",
+)
+
+#: Which label table the loader has: node labels, edge labels, or none.
+LabelKind = str  # "node" | "edge" | "none"
+
+#: ``form=`` callables return (feature ids, label ids or None).
+FormCallable = Callable[[Any], tuple[Any, Any]]
+
+
+@dataclass(frozen=True)
+class ItemPlan:
+    """What to do with one source item (see the module docstring).
+
+    ``build(graphs, x, y)`` returns the batch, given ``graphs`` -- the
+    entries of :attr:`graphs` as they are on the device -- and the gathered
+    ``x``/``y``.
+    """
+
+    form: str
+    feature_ids: Any
+    label_ids: Any
+    feature_ids_name: str
+    label_ids_name: str
+    graphs: tuple[Any, ...]
+    build: Callable[[list[Any], Any, Any], Any]
+
+
+def _is_ids(obj: Any) -> bool:
+    return isinstance(obj, torch.Tensor | np.ndarray | Mapping)
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, tuple | list):
+        parts = ", ".join(type(part).__name__ for part in item[:6])
+        more = ", ..." if len(item) > 6 else ""
+        return f"a {type(item).__name__} of length {len(item)} ({parts}{more})"
+    return f"a {type(item).__module__}.{type(item).__name__}"
+
+
+def _graph_list(blocks: Any) -> list[Any]:
+    """The graph-like entries to move from a ``blocks`` field (others pass through)."""
+    if is_dgl_graph(blocks) or isinstance(blocks, EdgeBlock):
+        return [blocks]
+    if isinstance(blocks, list | tuple) and blocks and all(
+        is_dgl_graph(b) or isinstance(b, EdgeBlock) for b in blocks
+    ):
+        return list(blocks)
+    return []
+
+
+def _rebuild_blocks(blocks: Any, moved: list[Any]) -> Any:
+    if not moved:
+        return blocks
+    if is_dgl_graph(blocks) or isinstance(blocks, EdgeBlock):
+        return moved[0]
+    return type(blocks)(moved) if isinstance(blocks, tuple) else list(moved)
+
+
+class ItemReader:
+    """Reads source items for one loader.
+
+    Args:
+        label_kind: ``"node"`` (the loader has node ``labels``), ``"edge"``
+            (``edge_labels``) or ``"none"``.
+        heterogeneous: the loader's tables are per node type.
+        form: the loader's ``form=`` callable, or ``None``.
+    """
+
+    def __init__(
+        self, label_kind: LabelKind, heterogeneous: bool, form: FormCallable | None
+    ) -> None:
+        self.label_kind = label_kind
+        self.heterogeneous = heterogeneous
+        self.form = form
+
+    def read(self, item: Any, seq: int) -> ItemPlan:
+        """The plan for ``item`` (the ``seq``-th of its epoch); reads no row.
+
+        Raises :class:`~pingpong.errors.BatchFormError` for an item of no
+        known form, or labels that do not fit the form.
+        """
+        if self.form is not None:
+            return self._custom(self.form, item, seq)
+        if _graphbolt.is_minibatch(item):
+            return self._minibatch(item)
+        if is_dgl_graph(item):
+            return self._subgraph(item)
+        if isinstance(item, tuple | list) and item and _is_ids(item[0]):
+            if len(item) == 3 and is_dgl_graph(item[1]):
+                return self._edges(item, negatives=False)
+            if len(item) == 4 and is_dgl_graph(item[1]) and is_dgl_graph(item[2]):
+                return self._edges(item, negatives=True)
+            if len(item) == 3 and _is_ids(item[1]):
+                return self._node_triple(item)
+        raise BatchFormError(
+            f"source item {seq} is {_describe(item)}, a form pingpong cannot read; "
+            "it reads:\n  - " + "\n  - ".join(FORMS)
+        )
+
+    # -- the forms -----------------------------------------------------------------
+    def _no_labels_of(self, kind: str, form: str) -> None:
+        if self.label_kind == kind:
+            argument = "labels" if kind == "node" else "edge_labels"
+            raise BatchFormError(
+                f"the loader has {argument}=, but a {form} item has no "
+                f"{'seed nodes' if kind == 'node' else 'edge ids'} to gather them at"
+            )
+
+    def _node_triple(self, item: Sequence[Any]) -> ItemPlan:
+        input_nodes, output_nodes, blocks = item
+        self._no_labels_of("edge", "node-classification")
+        graphs = _graph_list(blocks)
+        form = "ShaDow" if is_dgl_graph(blocks) else "node triple"
+
+        def build(moved: list[Any], x: Any, y: Any) -> Batch:
+            return Batch(input_nodes, output_nodes, _rebuild_blocks(blocks, moved), x, y)
+
+        return ItemPlan(
+            form,
+            input_nodes,
+            output_nodes if self.label_kind == "node" else None,
+            "input_nodes",
+            "output_nodes",
+            tuple(graphs),
+            build,
+        )
+
+    def _edges(self, item: Sequence[Any], negatives: bool) -> ItemPlan:
+        self._no_labels_of("node", "edge-prediction")
+        input_nodes, pair_graph = item[0], item[1]
+        neg_pair_graph = item[2] if negatives else None
+        blocks = item[-1]
+        label_ids = (
+            original_edge_ids(pair_graph, "pair_graph") if self.label_kind == "edge" else None
+        )
+        heads = [pair_graph, neg_pair_graph] if negatives else [pair_graph]
+        block_graphs = _graph_list(blocks)
+
+        def build(moved: list[Any], x: Any, y: Any) -> EdgeBatch | NegativeEdgeBatch:
+            moved_blocks = _rebuild_blocks(blocks, moved[len(heads) :])
+            if negatives:
+                return NegativeEdgeBatch(input_nodes, moved[0], moved[1], moved_blocks, x, y)
+            return EdgeBatch(input_nodes, moved[0], moved_blocks, x, y)
+
+        return ItemPlan(
+            "edge prediction" + (" with negatives" if negatives else ""),
+            input_nodes,
+            label_ids,
+            "input_nodes",
+            "pair_graph.edata[dgl.EID]",
+            (*heads, *block_graphs),
+            build,
+        )
+
+    def _subgraph(self, graph: Any) -> ItemPlan:
+        self._no_labels_of("edge", "subgraph")
+        node_ids = original_node_ids(graph, "the subgraph")
+
+        def build(moved: list[Any], x: Any, y: Any) -> SubgraphBatch:
+            return SubgraphBatch(moved[0], x, y)
+
+        return ItemPlan(
+            "subgraph",
+            node_ids,
+            node_ids if self.label_kind == "node" else None,
+            "subgraph.ndata[dgl.NID]",
+            "subgraph.ndata[dgl.NID]",
+            (graph,),
+            build,
+        )
+
+    def _minibatch(self, minibatch: Any) -> ItemPlan:
+        _graphbolt.check_unfetched(minibatch)
+        self._no_labels_of("edge", "GraphBolt MiniBatch")
+        label_ids = None
+        if self.label_kind == "node":
+            label_ids = _graphbolt.node_seeds(minibatch)
+            if label_ids is None:
+                raise BatchFormError(
+                    "the loader has labels=, but this GraphBolt MiniBatch is a link task "
+                    "(no seed nodes): its labels come from the item set"
+                )
+            if minibatch.labels is not None:
+                raise BatchFormError(
+                    "the GraphBolt MiniBatch already carries labels (from its item set); "
+                    "drop labels= from the PingPongLoader, or the labels from the item set"
+                )
+        heterogeneous = self.heterogeneous
+        with_labels = label_ids is not None
+
+        def build(moved: list[Any], x: Any, y: Any) -> Any:
+            return _graphbolt.fill(moved[0], x, y, heterogeneous, with_labels)
+
+        return ItemPlan(
+            "GraphBolt MiniBatch",
+            minibatch.input_nodes,
+            label_ids,
+            "MiniBatch.input_nodes",
+            "MiniBatch seed nodes",
+            (minibatch,),
+            build,
+        )
+
+    def _custom(self, form: FormCallable, item: Any, seq: int) -> ItemPlan:
+        try:
+            feature_ids, label_ids = form(item)
+        except (TypeError, ValueError) as exc:
+            raise BatchFormError(
+                f"form= must return (feature ids, label ids or None) for item {seq}: {exc}"
+            ) from exc
+        if label_ids is not None and self.label_kind == "none":
+            label_ids = None  # nothing to gather them into
+
+        def build(moved: list[Any], x: Any, y: Any) -> CustomBatch:
+            return CustomBatch(item, x, y)
+
+        return ItemPlan("custom", feature_ids, label_ids, "form(item)[0]", "form(item)[1]",
+                        (), build)
+
+
+def place_graphs(graphs: tuple[Any, ...], device: torch.device) -> list[Any]:
+    """The graphs in the form ``device`` can hold, before any row is read.
+
+    DGL graphs stay DGL graphs where this DGL build can put them on
+    ``device`` (always on the CPU); elsewhere they become
+    :class:`~pingpong.blocks.EdgeBlock` s (``TypeError`` for heterogeneous
+    ones, which have no such form).
+    """
+    if device.type == "cpu" or not graphs:
+        return list(graphs)
+    placed = []
+    for graph in graphs:
+        if is_dgl_graph(graph) and not dgl_can_hold_graphs_on(device):
+            graph = edge_block_from_dgl(graph)
+        placed.append(graph)
+    return placed

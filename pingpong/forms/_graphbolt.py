@@ -1,0 +1,85 @@
+"""GraphBolt ``MiniBatch`` items (DGL 2.x), both generations of field names.
+
+DGL 2.0-2.1 name a node task's seeds ``seed_nodes`` (and link prediction's
+``node_pairs``); DGL 2.2+ use ``seeds`` for both (1-D for nodes, ``(N, 2)``
+for pairs).  pingpong fills ``node_features`` (and ``labels``) itself, so the
+pipeline must not fetch features too: a ``MiniBatch`` that arrives with
+``node_features`` is refused rather than gathered twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import BatchFormError
+
+#: What to remove from a pipeline that already fetches features.
+_REMOVE_FETCH = (
+    "remove the .fetch_feature(...) stage (and .copy_to(...)) from the GraphBolt "
+    "pipeline: pingpong gathers the features into its slots and moves the "
+    "MiniBatch to the device itself"
+)
+
+
+def is_minibatch(obj: Any) -> bool:
+    """True for a GraphBolt ``MiniBatch`` (checked without importing DGL)."""
+    return (
+        type(obj).__name__ == "MiniBatch"
+        and hasattr(obj, "input_nodes")
+        and hasattr(obj, "node_features")
+        and hasattr(obj, "sampled_subgraphs")
+    )
+
+
+def node_seeds(minibatch: Any) -> Any:
+    """The seed nodes of a node task, or ``None`` for a link task.
+
+    ``seed_nodes`` (DGL 2.0-2.1) or 1-D ``seeds`` (DGL 2.2+; a dict of 1-D
+    tensors for a heterogeneous graph).
+    """
+    seeds = getattr(minibatch, "seed_nodes", None)
+    if seeds is not None:
+        return seeds
+    seeds = getattr(minibatch, "seeds", None)
+    if seeds is None:
+        return None
+    values = seeds.values() if isinstance(seeds, dict) else [seeds]
+    if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in values):
+        return seeds
+    return None
+
+
+def check_unfetched(minibatch: Any) -> None:
+    """Refuse a ``MiniBatch`` whose features were already fetched by the pipeline."""
+    if minibatch.node_features:
+        raise BatchFormError(
+            f"the GraphBolt MiniBatch already has node_features "
+            f"{sorted(map(str, minibatch.node_features))}: {_REMOVE_FETCH}"
+        )
+
+
+def feature_name(key: str | None, heterogeneous: bool, ntype: str | None = None) -> Any:
+    """The ``node_features`` key GraphBolt code reads for pingpong's table ``key``.
+
+    A single feature tensor is ``"feat"``; a dict of tables keeps its names;
+    a heterogeneous table of node type ``t`` is ``(t, "feat")``.
+    """
+    if heterogeneous:
+        return (ntype, "feat")
+    return "feat" if key is None else key
+
+
+def fill(minibatch: Any, x: Any, y: Any, heterogeneous: bool, labels_from_pingpong: bool) -> Any:
+    """Put the gathered rows into the (already moved) ``minibatch``; return it."""
+    if heterogeneous:
+        features = {feature_name(None, True, ntype): rows for ntype, rows in x.items()}
+    elif isinstance(x, dict):
+        features = {feature_name(key, False): rows for key, rows in x.items()}
+    else:
+        features = {feature_name(None, False): x}
+    minibatch.node_features = features
+    if labels_from_pingpong:
+        minibatch.labels = y
+    return minibatch

@@ -1,0 +1,402 @@
+"""Every kind of DGL loader through pingpong (the batch-form layer, ``pingpong.forms``).
+
+Each delivered batch is compared bit for bit with the synchronous reference
+computed from the ids the batch itself carries (``features[input_nodes]``,
+``edge_labels[pair_graph.edata[dgl.EID]]``, ``features[subgraph.ndata[dgl.NID]]``
+...), over two epochs; where a sampler covers its seeds once per epoch, that is
+checked too.  On the fake asynchronous device the reads run on its consumer
+stream, after the ready wait and before the release.  Runs in both DGL
+environments (DGL 1.1.3 and 2.1.0); the GraphBolt cases need DGL 2.x.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_reliability import fake
+from test_usage_patterns import CountingCPUDevice
+
+import pingpong
+from pingpong import PingPongLoader
+from pingpong.devices.fake import FakeAsyncDevice, tensor_digest
+
+dgl = pytest.importorskip("dgl")
+
+NUM_NODES = 300
+NUM_EDGES = 3000
+DEVICE_KINDS = ["cpu", "fake"]
+
+
+def _graph() -> Any:
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(0, NUM_NODES, (NUM_EDGES,), generator=gen)
+    dst = torch.randint(0, NUM_NODES, (NUM_EDGES,), generator=gen)
+    return dgl.graph((src, dst), num_nodes=NUM_NODES)
+
+
+FEATURES = (torch.arange(NUM_NODES * 6, dtype=torch.float32).reshape(NUM_NODES, 6) / 7)
+LABELS = torch.arange(NUM_NODES) % 5
+EDGE_LABELS = (torch.arange(NUM_EDGES) * 7) % 3
+
+
+def _device(kind: str) -> Any:
+    return fake(seed=5) if kind == "fake" else "cpu"
+
+
+class Checker:
+    """Compares ``got`` with ``want`` where the model would read it.
+
+    On the fake device the comparison is queued on the consumer stream (it
+    runs after the ready wait, before the release); elsewhere it runs now.
+    """
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.pending: list[Any] = []
+        self.checked = 0
+
+    def equal(self, got: Any, want: torch.Tensor | None) -> None:
+        expected = tensor_digest(want)
+        if isinstance(self.device, FakeAsyncDevice):
+            self.pending.append((self.device.consumer_submit(lambda: tensor_digest(got)),
+                                 expected))
+        else:
+            assert tensor_digest(got) == expected
+            self.checked += 1
+
+    def resolve(self) -> None:
+        for future, expected in self.pending:
+            assert future.result() == expected
+            self.checked += 1
+        self.pending.clear()
+
+
+def _epochs(loader: PingPongLoader, check: Callable[[Any], Any], epochs: int = 2) -> list[Any]:
+    """``check(batch)`` for every batch of ``epochs`` epochs; their results per epoch."""
+    return [[check(batch) for batch in loader] for _ in range(epochs)]
+
+
+# -- edge prediction --------------------------------------------------------------------
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+@pytest.mark.parametrize("negatives", [True, False], ids=["negatives", "no-negatives"])
+def test_edge_prediction_with_edge_labels(device_kind, negatives):
+    g = _graph()
+    sampler = dgl.dataloading.NeighborSampler([3, 3])
+    negative = dgl.dataloading.negative_sampler.Uniform(2) if negatives else None
+    seeds = torch.arange(0, NUM_EDGES, 3)
+    source = dgl.dataloading.DataLoader(
+        g, seeds, dgl.dataloading.as_edge_prediction_sampler(sampler, negative_sampler=negative),
+        batch_size=128, shuffle=True,
+    )
+    device = _device(device_kind)
+    checker = Checker(device)
+    want_type = pingpong.NegativeEdgeBatch if negatives else pingpong.EdgeBatch
+
+    def check(batch: Any) -> torch.Tensor:
+        assert type(batch) is want_type
+        if negatives:
+            input_nodes, pair_graph, neg_pair_graph, blocks, x, y = batch
+            assert neg_pair_graph.num_edges() == 2 * pair_graph.num_edges()
+        else:
+            input_nodes, pair_graph, blocks, x, y = batch
+        assert len(blocks) == 2
+        edge_ids = pair_graph.edata[dgl.EID]
+        checker.equal(x, FEATURES[input_nodes])
+        checker.equal(y, EDGE_LABELS[edge_ids])
+        return edge_ids
+
+    with PingPongLoader(source, FEATURES, edge_labels=EDGE_LABELS, device=device) as loader:
+        per_epoch = _epochs(loader, check)
+        checker.resolve()
+    for edge_ids in per_epoch:  # every seed edge exactly once per epoch
+        assert torch.equal(torch.cat(edge_ids).sort().values, seeds)
+    assert checker.checked == 2 * sum(len(ids) for ids in per_epoch)
+
+
+def test_edge_prediction_without_labels_has_y_none():
+    g = _graph()
+    sampler = dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2]))
+    source = dgl.dataloading.DataLoader(g, torch.arange(200), sampler, batch_size=50)
+    with PingPongLoader(source, FEATURES) as loader:
+        for batch in loader:
+            assert batch.y is None
+            assert torch.equal(batch.x, FEATURES[batch.input_nodes])
+
+
+def test_heterogeneous_edge_prediction():
+    gen = torch.Generator().manual_seed(1)
+    users, items = 60, 40
+    clicks = (torch.randint(0, users, (400,), generator=gen),
+              torch.randint(0, items, (400,), generator=gen))
+    g = dgl.heterograph({
+        ("user", "clicks", "item"): clicks,
+        ("item", "clicked-by", "user"): (clicks[1], clicks[0]),
+    })
+    features = {"user": torch.randn(users, 4), "item": torch.randn(items, 3)}
+    sampler = dgl.dataloading.as_edge_prediction_sampler(
+        dgl.dataloading.NeighborSampler([3]),
+        negative_sampler=dgl.dataloading.negative_sampler.Uniform(1),
+    )
+    source = dgl.dataloading.DataLoader(
+        g, {"clicks": torch.arange(400)}, sampler, batch_size=64, shuffle=True)
+    with PingPongLoader(source, features, heterogeneous=True) as loader:
+        for _ in range(2):
+            seen = []
+            for batch in loader:
+                assert isinstance(batch, pingpong.NegativeEdgeBatch)
+                for ntype, table in features.items():
+                    assert torch.equal(batch.x[ntype], table[batch.input_nodes[ntype]])
+                seen.append(batch.pair_graph.edges[("user", "clicks", "item")].data[dgl.EID])
+            assert torch.equal(torch.cat(seen).sort().values, torch.arange(400))
+
+
+# -- subgraph samplers -------------------------------------------------------------------
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+def test_shadow_items_gather_at_input_and_output_nodes(device_kind):
+    g = _graph()
+    seeds = torch.arange(0, NUM_NODES, 2)
+    source = dgl.dataloading.DataLoader(
+        g, seeds, dgl.dataloading.ShaDowKHopSampler([3, 2]), batch_size=32, shuffle=True)
+    device = _device(device_kind)
+    checker = Checker(device)
+
+    def check(batch: Any) -> torch.Tensor:
+        assert type(batch) is pingpong.Batch
+        input_nodes, output_nodes, subgraph, x, y = batch
+        assert torch.equal(subgraph.ndata[dgl.NID], input_nodes)
+        checker.equal(x, FEATURES[input_nodes])
+        checker.equal(y, LABELS[output_nodes])
+        return output_nodes
+
+    with PingPongLoader(source, FEATURES, LABELS, device=device) as loader:
+        per_epoch = _epochs(loader, check)
+        checker.resolve()
+    for outputs in per_epoch:
+        assert torch.equal(torch.cat(outputs).sort().values, seeds)
+
+
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+# DGL's METIS partitioning leaves /proc/self/status open (dgl/partition.py, get_peak_mem)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_cluster_gcn_subgraphs_cover_every_node_once_per_epoch(device_kind, tmp_path):
+    g = _graph()
+    sampler = dgl.dataloading.ClusterGCNSampler(g, 12, cache_path=str(tmp_path / "parts.pkl"))
+    source = dgl.dataloading.DataLoader(g, torch.arange(12), sampler, batch_size=3,
+                                        shuffle=True)
+    device = _device(device_kind)
+    checker = Checker(device)
+
+    def check(batch: Any) -> torch.Tensor:
+        assert type(batch) is pingpong.SubgraphBatch
+        subgraph, x, y = batch
+        node_ids = subgraph.ndata[dgl.NID]
+        checker.equal(x, FEATURES[node_ids])
+        checker.equal(y, LABELS[node_ids])
+        return node_ids
+
+    with PingPongLoader(source, FEATURES, LABELS, device=device) as loader:
+        per_epoch = _epochs(loader, check)
+        checker.resolve()
+    assert len(per_epoch[0]) == 4
+    for node_ids in per_epoch:  # partitions are disjoint and cover the graph
+        assert torch.equal(torch.cat(node_ids).sort().values, torch.arange(NUM_NODES))
+
+
+def test_saint_subgraphs():
+    g = _graph()
+    source = dgl.dataloading.DataLoader(
+        g, torch.arange(6), dgl.dataloading.SAINTSampler("node", 80), batch_size=1)
+    with PingPongLoader(source, {"a": FEATURES, "b": FEATURES[:, :2].contiguous()},
+                        LABELS) as loader:
+        for batch in loader:
+            node_ids = batch.subgraph.ndata[dgl.NID]
+            assert torch.equal(batch.x["a"], FEATURES[node_ids])
+            assert torch.equal(batch.x["b"], FEATURES[node_ids, :2])
+            assert torch.equal(batch.y, LABELS[node_ids])
+        assert loader.stats["batches"] == 6
+
+
+# -- a form of the user's own ---------------------------------------------------------------
+def test_custom_form_callable():
+    items = [{"nodes": torch.arange(i, i + 20), "seeds": torch.arange(i, i + 4)}
+             for i in range(0, 100, 10)]
+    with PingPongLoader(items, FEATURES, LABELS,
+                        form=lambda item: (item["nodes"], item["seeds"])) as loader:
+        for batch, item in zip(loader, items, strict=True):
+            assert type(batch) is pingpong.CustomBatch
+            got_item, x, y = batch
+            assert got_item is item
+            assert torch.equal(x, FEATURES[item["nodes"]])
+            assert torch.equal(y, LABELS[item["seeds"]])
+            kept = batch.clone()
+            assert type(kept) is pingpong.CustomBatch
+            assert torch.equal(kept.x, x)
+
+
+# -- refusals: before any row is read -------------------------------------------------------
+def _edge_source(**kwargs: Any) -> Any:
+    sampler = dgl.dataloading.as_edge_prediction_sampler(
+        dgl.dataloading.NeighborSampler([2]), **kwargs)
+    return dgl.dataloading.DataLoader(_graph(), torch.arange(64), sampler, batch_size=32)
+
+
+def _node_source() -> Any:
+    return dgl.dataloading.DataLoader(
+        _graph(), torch.arange(64), dgl.dataloading.NeighborSampler([2]), batch_size=32)
+
+
+@pytest.mark.parametrize(
+    ("make_source", "kwargs", "needle"),
+    [
+        (_edge_source, {"labels": LABELS}, "labels=, but a edge-prediction item has no seed"),
+        (_node_source, {"edge_labels": EDGE_LABELS}, "edge_labels=, but a node-classification"),
+        (lambda: [dgl.graph(([0, 1], [1, 2]))], {}, r"no ndata\[dgl.NID\]"),
+        (lambda: [(torch.arange(3), torch.arange(3), [], "extra", "fields")], {},
+         "tuple of length 5"),
+        (lambda: [{"nodes": torch.arange(3)}], {"form": lambda item: item["nodes"]},
+         "form= must return"),
+    ],
+    ids=["node-labels-edge-item", "edge-labels-node-item", "graph-without-nid",
+         "five-fields", "bad-form-callable"],
+)
+def test_refusals_name_the_problem_before_any_row_is_read(make_source, kwargs, needle):
+    device = CountingCPUDevice()
+    with PingPongLoader(make_source(), FEATURES, device=device, **kwargs) as loader:
+        with pytest.raises(pingpong.BatchFormError, match=needle) as info:
+            next(iter(loader))
+    assert isinstance(info.value, TypeError)
+    assert device.gathers == 0
+
+
+def test_bad_edge_ids_are_refused_before_any_row_is_read():
+    source = _edge_source()
+    device = CountingCPUDevice()
+    short = EDGE_LABELS[:10].contiguous()  # pair graphs carry edge ids far beyond 10
+    with PingPongLoader(source, FEATURES, edge_labels=short, device=device) as loader:
+        with pytest.raises(pingpong.IdRangeError, match=r"pair_graph.edata\[dgl.EID\]"):
+            next(iter(loader))
+    assert device.gathers == 0
+
+
+def test_labels_and_edge_labels_together_are_a_config_error():
+    with pytest.raises(pingpong.ConfigError, match="not both"):
+        PingPongLoader(_edge_source(), FEATURES, LABELS, edge_labels=EDGE_LABELS)
+
+
+# -- GraphBolt (DGL 2.x) ------------------------------------------------------------------
+def _graphbolt() -> Any:
+    try:
+        from dgl import graphbolt
+    except ImportError:
+        pytest.skip("GraphBolt needs DGL 2.x")
+    return graphbolt
+
+
+def _graphbolt_pipeline(gb: Any, seeds: torch.Tensor, *, fetch: bool = False,
+                        item_labels: bool = False) -> Any:
+    g = _graph()
+    graph = gb.from_dglgraph(g, is_homogeneous=True)
+    if item_labels:
+        item_set = gb.ItemSet((seeds, LABELS[seeds]), names=("seed_nodes", "labels"))
+    else:
+        item_set = gb.ItemSet(seeds, names="seed_nodes")
+    pipe = gb.ItemSampler(item_set, batch_size=32, shuffle=True)
+    pipe = pipe.sample_neighbor(graph, [3, 3])
+    if fetch:
+        store = gb.BasicFeatureStore(
+            {("node", None, "feat"): gb.TorchBasedFeature(FEATURES)})
+        pipe = pipe.fetch_feature(store, node_feature_keys=["feat"])
+    return gb.DataLoader(pipe)
+
+
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+def test_graphbolt_minibatch_gets_node_features_and_labels(device_kind):
+    gb = _graphbolt()
+    seeds = torch.arange(0, NUM_NODES, 2)
+    source = _graphbolt_pipeline(gb, seeds)
+    device = _device(device_kind)
+    checker = Checker(device)
+
+    def check(minibatch: Any) -> torch.Tensor:
+        assert type(minibatch).__name__ == "MiniBatch"
+        checker.equal(minibatch.node_features["feat"], FEATURES[minibatch.input_nodes])
+        checker.equal(minibatch.labels, LABELS[minibatch.seed_nodes])
+        assert len(minibatch.blocks) == 2
+        return minibatch.seed_nodes
+
+    with PingPongLoader(source, FEATURES, LABELS, device=device) as loader:
+        with pytest.raises(TypeError, match="no len"):
+            len(loader)  # gb.DataLoader has none
+        per_epoch = _epochs(loader, check)
+        checker.resolve()
+    for seen in per_epoch:
+        assert torch.equal(torch.cat(seen).sort().values, seeds)
+
+
+def test_graphbolt_item_set_labels_pass_through():
+    gb = _graphbolt()
+    seeds = torch.arange(NUM_NODES)
+    with PingPongLoader(_graphbolt_pipeline(gb, seeds, item_labels=True), FEATURES) as loader:
+        for minibatch in loader:
+            assert torch.equal(minibatch.node_features["feat"], FEATURES[minibatch.input_nodes])
+            assert torch.equal(minibatch.labels, LABELS[minibatch.seed_nodes])
+
+
+def test_graphbolt_pipeline_that_fetches_features_is_refused():
+    gb = _graphbolt()
+    source = _graphbolt_pipeline(gb, torch.arange(64), fetch=True)
+    device = CountingCPUDevice()
+    with PingPongLoader(source, FEATURES, device=device) as loader:
+        with pytest.raises(pingpong.BatchFormError, match=r"remove the \.fetch_feature"):
+            next(iter(loader))
+    assert device.gathers == 0
+
+
+@dataclasses.dataclass
+class MiniBatch:
+    """A stand-in with DGL 2.2+'s field names (``seeds`` instead of ``seed_nodes``);
+    PyPI has no DGL 2.2 wheel, so this is the only test of those names."""
+
+    seeds: Any = None
+    input_nodes: Any = None
+    labels: Any = None
+    node_features: Any = None
+    sampled_subgraphs: Any = None
+
+    def to(self, device: Any) -> MiniBatch:
+        return self
+
+
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+def test_graphbolt_2_2_field_names(device_kind):
+    gen = torch.Generator().manual_seed(3)
+    items = [MiniBatch(seeds=torch.randperm(NUM_NODES, generator=gen)[:16],
+                       input_nodes=torch.randperm(NUM_NODES, generator=gen)[:50])
+             for _ in range(5)]
+    device = _device(device_kind)
+    checker = Checker(device)
+    with PingPongLoader(items, FEATURES, LABELS, device=device) as loader:
+        for minibatch, item in zip(loader, items, strict=True):
+            assert minibatch is item
+            checker.equal(minibatch.node_features["feat"], FEATURES[item.input_nodes])
+            checker.equal(minibatch.labels, LABELS[item.seeds])
+        checker.resolve()
+    pairs = MiniBatch(seeds=torch.tensor([[0, 1], [2, 3]]), input_nodes=torch.arange(4))
+    with PingPongLoader([pairs], FEATURES, LABELS) as loader:  # a link task: no seed nodes
+        with pytest.raises(pingpong.BatchFormError, match="link task"):
+            next(iter(loader))
+    with PingPongLoader([pairs], FEATURES) as loader:  # features only: fine
+        assert torch.equal(next(iter(loader)).node_features["feat"], FEATURES[:4])
+
+
+def test_graph_ids_as_numpy_work_too():
+    """Forms accept NumPy ids as the node triple always did."""
+    items = [(np.arange(5), np.arange(2), [])]
+    with PingPongLoader(items, FEATURES, LABELS) as loader:
+        batch = next(iter(loader))
+    assert torch.equal(batch.x, FEATURES[:5])
