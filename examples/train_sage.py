@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "index_select gather (the A/B baseline)")
     p.add_argument("--gather", choices=["auto", "cpu", "zerocopy", "staged", "device"],
                    default="auto", help="pingpong gather mode")
-    p.add_argument("--sort-ids", action="store_true",
-                   help="zerocopy: gather rows in ascending id order (host locality)")
+    p.add_argument("--sort-ids", choices=["auto", "gpu", "none"], default="auto",
+                   help="CUDA kernel gathers: sort each batch's ids on the GPU so rows are "
+                        "read in address order (auto: in zerocopy only)")
     p.add_argument("--num-buffers", type=positive_int, default=2)
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--batch-size", type=positive_int, default=1024)
@@ -599,8 +600,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--num-workers applies to --sampler dgl only")
     if args.amp == "fp16" and args.device == "cpu":
         parser.error("--amp fp16 needs --device cuda (use --amp bf16 on the CPU)")
-    if args.sort_ids and (args.device != "cuda" or args.gather not in ("auto", "zerocopy")):
-        parser.error("--sort-ids applies to --device cuda with --gather zerocopy (or auto)")
+    if args.sort_ids != "auto" and (args.device != "cuda" or args.gather in ("cpu", "staged")):
+        parser.error("--sort-ids applies to --device cuda with --gather zerocopy, device or auto")
     if args.nprocs > 1 and args.device == "cuda" and args.nprocs > torch.cuda.device_count():
         parser.error(f"--nprocs {args.nprocs} --device cuda: this machine has "
                      f"{torch.cuda.device_count()} GPU(s), one per rank is needed")

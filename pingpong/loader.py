@@ -57,16 +57,22 @@ class PingPongLoader(Iterable[Any]):
         num_buffers: number of slots (>= 2).  The producer runs at most
             ``num_buffers - 1`` batches ahead of the training loop.
         gather: ``"auto" | "cpu" | "zerocopy" | "staged" | "device"``; ``auto`` is
-            ``cpu`` on the CPU and ``zerocopy`` on CUDA.
+            ``cpu`` on the CPU; on CUDA it is ``device`` when the tables take at
+            most half of the GPU's free memory, else ``zerocopy`` (logged at
+            INFO; ``loader.gather_mode`` says which).
         timeout: seconds to wait for a batch before raising ``TimeoutError``;
             ``None`` waits as long as the source needs (a dead producer is
             still noticed).
         gather_threads: Numba threads the CPU gather uses in the producer thread
             (default: half the cores).  The training loop's torch threads are
             not changed; see the tuning guide.
-        sort_ids: ``zerocopy`` only: gather each batch's rows in ascending id
-            order (the output order is unchanged) so the GPU reads host memory
-            with more locality; the sort runs in the producer thread.
+        sort_ids: ``"auto"`` (default), ``"gpu"`` or ``"none"``: whether the
+            CUDA kernel gathers read each batch's rows in ascending id order --
+            the ids are sorted *on the GPU*, on the copy stream, and each row
+            is written to its original position (the output order is
+            unchanged).  ``auto`` sorts in ``zerocopy`` (reading host memory
+            in address order) and not in ``device``; ``staged`` and the CPU
+            never sort.
         debug: check the slot protocol at every ``next()``: the slot holding
             the previous batch must not have been refilled while the training
             loop held it (``SlotOverwriteError`` if it was).  Off by default;
@@ -98,7 +104,7 @@ class PingPongLoader(Iterable[Any]):
         gather: str = "auto",
         timeout: float | None = None,
         gather_threads: int | None = None,
-        sort_ids: bool = False,
+        sort_ids: str = "auto",
         debug: bool = False,
         heterogeneous: bool = False,
         edge_labels: torch.Tensor | None = None,
@@ -129,7 +135,10 @@ class PingPongLoader(Iterable[Any]):
             features, labels, bool(heterogeneous), edge_labels
         )
         reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form)
-        self._device: Device = make_device(device, gather, gather_threads, sort_ids)
+        table_bytes = sum(t.byte_rows.nbytes for t in self._store.all_tables)
+        self._device: Device = make_device(
+            device, gather, gather_threads, sort_ids, table_bytes
+        )
         try:
             self._device.attach(self._store)
             self._slots: list[Slot] = make_slots(

@@ -135,15 +135,29 @@ def test_gather_rows_cuda_on_device_arrays():
     assert (d_out.copy_to_host() == table[ids].numpy()).all()
 
 
-def test_sorted_id_gather_keeps_output_order():
+@pytest.mark.parametrize(("mode", "sort_ids"), [("zerocopy", "auto"), ("zerocopy", "none"),
+                                               ("zerocopy", "gpu"), ("device", "gpu")])
+def test_sorted_id_gather_keeps_output_order(mode, sort_ids):
+    """ids sorted on the GPU (the zerocopy default), rows scattered back to their places."""
     features = torch.randn(N, 40)
     labels = torch.randint(0, 9, (N,))
     source = make_triples(N, 8, max_inputs=3000)
-    with PingPongLoader(source, features, labels, device="cuda", sort_ids=True) as loader:
+    source.append((torch.tensor([5, 5, 1, 4095, 0, 5]), torch.tensor([3]), []))  # duplicates
+    with PingPongLoader(source, features, labels, device="cuda", gather=mode,
+                        sort_ids=sort_ids) as loader:
         for _ in range(2):
             for batch, (inputs, outputs, _b) in zip(loader, source, strict=True):
                 assert _host_equal(batch.x, features[inputs])
                 assert _host_equal(batch.y, labels[outputs])
+
+
+def test_auto_chooses_device_resident_for_small_tables():
+    """A 4096 x 40 float32 table is far below half of any GPU's free memory."""
+    with PingPongLoader(make_triples(N, 2), torch.randn(N, 40), device="cuda") as loader:
+        assert loader.gather_mode == "device"
+        for batch, (inputs, _o, _b) in zip(loader, make_triples(N, 2), strict=True):
+            assert batch.x.is_cuda
+            assert inputs.shape[0] == batch.x.shape[0]
 
 
 # -- the stream contract (docs/guide.rst, "CUDA streams") ------------------------------

@@ -165,7 +165,7 @@ def test_make_device_accepts_a_device_instance(device):
     with pytest.raises(ConfigError, match="does not match"):
         make_device(device, "cpu")
     with pytest.raises(ConfigError, match="sort_ids"):
-        make_device(device, "auto", sort_ids=True)
+        make_device(device, "auto", sort_ids="gpu")
 
 
 def test_loader_uses_and_closes_the_fake_device():

@@ -20,6 +20,8 @@ __all__ = [
 
 #: Every value the ``gather`` argument accepts.
 GATHER_MODES = ("auto", "cpu", "zerocopy", "staged", "device")
+#: Every value the ``sort_ids`` argument accepts (see :mod:`pingpong.devices.cuda`).
+SORT_IDS = ("auto", "gpu", "none")
 _CUDA_MODES = ("zerocopy", "staged", "device")
 
 
@@ -34,26 +36,35 @@ def make_device(
     device: str | torch.device | Device,
     gather: str,
     gather_threads: int | None = None,
-    sort_ids: bool = False,
+    sort_ids: str = "auto",
+    table_bytes: int = 0,
 ) -> Device:
     """The :class:`Device` implementing ``gather`` on ``device``.
 
     ``device`` may also be a :class:`Device` instance (e.g. the fake
     asynchronous device of the tests); it is used as is, and ``gather`` must
-    then be ``"auto"`` or that device's own mode.
+    then be ``"auto"`` or that device's own mode.  ``table_bytes`` (all host
+    tables together) is what ``gather="auto"`` weighs against the GPU's free
+    memory; ``sort_ids`` is ``"auto"``, ``"gpu"`` or ``"none"`` (CUDA kernel
+    gathers only; see the loader).
 
     Raises:
-        ConfigError: unknown ``gather`` or device string.
+        ConfigError: unknown ``gather``, ``sort_ids`` or device string.
         GatherModeUnavailable: the mode cannot run there (a CUDA mode on the
             CPU, ``cpu`` on a GPU, CUDA requested without a usable GPU).
     """
+    if sort_ids not in SORT_IDS:
+        raise ConfigError(
+            f"sort_ids must be one of {SORT_IDS} (ids are sorted on the GPU, never on the "
+            f"host: a host argsort lost end to end on the H200), got {sort_ids!r}"
+        )
     if isinstance(device, Device):
         if gather not in ("auto", device.gather_mode):
             raise ConfigError(
                 f"gather={gather!r} does not match the given device's mode "
                 f"{device.gather_mode!r}; pass gather='auto'"
             )
-        if sort_ids:
+        if sort_ids != "auto":
             raise ConfigError("sort_ids configures a device pingpong makes, not a given one")
         return device
     if gather not in GATHER_MODES:
@@ -65,8 +76,8 @@ def make_device(
                 f"gather={gather!r} needs a CUDA device; with device='cpu' use "
                 "gather='cpu' or 'auto'"
             )
-        if sort_ids:
-            raise ConfigError("sort_ids applies to gather='zerocopy' on CUDA only")
+        if sort_ids != "auto":
+            raise ConfigError("sort_ids applies to the CUDA kernel gathers only")
         return CPUDevice(gather_threads)
     if target.type == "cuda":
         if gather == "cpu":
@@ -81,10 +92,7 @@ def make_device(
             )
         from .cuda import make_cuda_device
 
-        mode = "zerocopy" if gather == "auto" else gather
-        if sort_ids and mode != "zerocopy":
-            raise ConfigError(f"sort_ids applies to gather='zerocopy' only, not {mode!r}")
-        return make_cuda_device(target, mode, gather_threads, sort_ids)
+        return make_cuda_device(target, gather, gather_threads, sort_ids, table_bytes)
     raise GatherModeUnavailable(
         f"device type {target.type!r} is not supported; use 'cpu' or 'cuda'"
     )

@@ -1,0 +1,171 @@
+"""One small strategy per CUDA gather mode, over the shared :class:`CopyStream`.
+
+Each mode prepares the host tables once (:meth:`GatherMode.attach`), enqueues
+one table's rows for one fill on the copy stream (:meth:`GatherMode.gather`),
+and releases what it holds (:meth:`GatherMode.detach`, after the copy stream
+was synchronised).  None of them keeps per-fill state of its own: what a fill
+staged lives in the :class:`CopyStream`, cleared by its ``begin_fill``.
+
+- :class:`ZeroCopyGather` -- tables page-locked in place; the Numba-CUDA kernel
+  reads rows over PCIe into the slot, ids sorted on the GPU by default.
+- :class:`StagedGather` -- the classic path, pipelined: the Numba CPU kernel
+  gathers into a pinned staging buffer, then an async host-to-device copy.
+- :class:`DeviceGather` -- tables copied to GPU memory once; the same kernel
+  gathers there with the whole GPU (the upper bound when tables fit).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...kernels import _interop
+from ...kernels.cpu import gather_rows_cpu_unchecked
+from ...kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked
+from ...store import FeatureStore, HostTable, byte_rows
+from ._streams import CopyStream, IdStager, Ring, capacity
+
+
+class GatherMode(abc.ABC):
+    """How rows of a host table reach a slot on the GPU (see the module docstring)."""
+
+    #: The ``gather=`` value this mode implements.
+    name: str
+
+    def __init__(self, copy: CopyStream) -> None:
+        self.copy = copy
+
+    def attach(self, store: FeatureStore) -> None:  # noqa: B027 - optional hook
+        """Prepare the tables (pin them, copy them...); once per loader."""
+
+    def producer_started(self) -> None:  # noqa: B027 - optional hook
+        """In each producer thread, after the device was selected."""
+
+    @abc.abstractmethod
+    def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
+        """Copy stream: enqueue ``out_rows[:] = table.byte_rows[ids]`` (ids validated, n > 0)."""
+
+    def detach(self) -> None:  # noqa: B027 - optional hook
+        """Release what :meth:`attach` took; the copy stream is idle by now."""
+
+
+def _ids_per_fill(store: FeatureStore) -> int:
+    """Id arrays a fill stages: one shared by the feature tables and one for the
+    labels, or one per table for a heterogeneous store."""
+    return len(store.all_tables) if store.heterogeneous else 1 + len(store.label_tables)
+
+
+class _KernelGather(GatherMode):
+    """The Numba-CUDA kernel over a table view the subclass provides."""
+
+    def __init__(self, copy: CopyStream, sort_on_gpu: bool, max_blocks: int | None) -> None:
+        super().__init__(copy)
+        self.ids = IdStager(copy, sort_on_gpu)
+        self.max_blocks = max_blocks
+        self.sources: dict[int, Any] = {}  # id(HostTable) -> Numba array the kernel reads
+
+    def attach(self, store: FeatureStore) -> None:
+        self.ids.size_ring(_ids_per_fill(store))
+        from numba import cuda
+
+        with cuda.gpus[self.copy.device.index]:
+            for table in store.all_tables:
+                self.sources[id(table)] = self.table_view(table)
+
+    @abc.abstractmethod
+    def table_view(self, table: HostTable) -> Any:
+        """The Numba device array the kernel reads ``table`` through."""
+
+    def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
+        device_ids, positions = self.ids.stage(ids)
+        gather_rows_cuda_unchecked(
+            self.sources[id(table)],
+            device_ids,
+            _interop.device_array(out_rows),
+            self.copy.numba_stream,
+            max_blocks=self.max_blocks,
+            positions=positions,
+        )
+
+    def detach(self) -> None:
+        self.sources.clear()
+
+
+class ZeroCopyGather(_KernelGather):
+    """Tables page-locked in place and read over PCIe by the kernel."""
+
+    name = "zerocopy"
+
+    def __init__(self, copy: CopyStream, sort_on_gpu: bool = True,
+                 max_blocks: int | None = None) -> None:
+        super().__init__(copy, sort_on_gpu, max_blocks)
+        self.pins: list[_interop.PinnedTable] = []
+
+    def table_view(self, table: HostTable) -> Any:
+        pin = _interop.pin_in_place(table.byte_rows, table.tensor)
+        self.pins.append(pin)
+        return pin.array
+
+    def detach(self) -> None:
+        super().detach()
+        from numba import cuda
+
+        with cuda.gpus[self.copy.device.index]:
+            for pin in self.pins:
+                pin.release()
+        self.pins.clear()
+
+
+class DeviceGather(_KernelGather):
+    """Tables copied to GPU memory once; the kernel may use the whole GPU."""
+
+    name = "device"
+
+    def __init__(self, copy: CopyStream, sort_on_gpu: bool = False,
+                 max_blocks: int | None = None) -> None:
+        super().__init__(copy, sort_on_gpu, max_blocks)
+        self.resident: list[torch.Tensor] = []
+
+    def table_view(self, table: HostTable) -> Any:
+        # On the copy stream, so every gather is ordered after the copy.
+        with torch.cuda.stream(self.copy.stream):
+            resident = byte_rows(table.tensor).to(self.copy.device)
+        self.resident.append(resident)
+        return _interop.device_array(resident)
+
+    def producer_started(self) -> None:
+        if self.max_blocks is None:  # the upper bound: let the gather use the whole GPU
+            self.max_blocks = full_grid_blocks()
+
+    def detach(self) -> None:
+        super().detach()
+        self.resident.clear()
+
+
+class StagedGather(GatherMode):
+    """CPU gather into pinned staging buffers, then an async copy to the slot."""
+
+    name = "staged"
+
+    def __init__(self, copy: CopyStream) -> None:
+        super().__init__(copy)
+        self.rings: dict[int, Ring] = {}
+
+    def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
+        staging = self.rings.setdefault(id(table), Ring()).take()
+        n = len(ids)
+        if staging.host is None or staging.host.shape[0] < n:
+            staging.host = torch.empty(
+                (capacity(n), table.row_bytes), dtype=torch.uint8, pin_memory=True
+            )
+        gather_rows_cpu_unchecked(table.byte_rows, ids, staging.host[:n].numpy())
+        with torch.cuda.stream(self.copy.stream):
+            out_rows.copy_(staging.host[:n], non_blocking=True)
+        staging.done = torch.cuda.Event()
+        staging.done.record(self.copy.stream)
+
+    def detach(self) -> None:
+        self.rings.clear()

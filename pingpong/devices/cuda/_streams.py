@@ -1,0 +1,241 @@
+"""The stream and event plumbing every CUDA gather mode shares.
+
+:class:`CopyStream` owns the loader's dedicated high-priority copy stream
+(and its Numba twin for the kernels), allocates slot storage on it, records
+ready events, moves graphs, and makes consumer streams wait.  It also holds
+the *per-fill state* -- the copy-stream tensors and graphs the consumer must
+``record_stream``, and the ids staged for this fill -- and clears it in one
+place only, :meth:`CopyStream.begin_fill` (also after :meth:`record`).
+
+:class:`IdStager` copies a fill's ids to the GPU through a ring of pinned
+buffers; with ``sort=True`` it also sorts them *on the GPU*, on the copy
+stream (no host wait), and returns the permutation that scatters each row
+back to its output position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...blocks import EdgeBlock
+from ...kernels import _interop
+from ..base import COMPLETED, Event
+
+#: Staging buffers kept per kind; a buffer is reused after this many fills.
+STAGING_RING = 4
+
+
+@dataclass
+class CudaEvent:
+    """A recorded CUDA event and the copy-stream tensors a consumer must ``record_stream``."""
+
+    event: torch.cuda.Event
+    tensors: tuple[torch.Tensor, ...] = ()
+    #: Graph-like objects moved on the copy stream (``record_stream`` like the tensors).
+    graphs: tuple[Any, ...] = ()
+
+    def query(self) -> bool:
+        return bool(self.event.query())
+
+
+@dataclass
+class Staging:
+    """A pinned host buffer (and its device twin) reused round-robin."""
+
+    host: torch.Tensor | None = None
+    device: torch.Tensor | None = None
+    done: torch.cuda.Event | None = None
+
+
+@dataclass
+class Ring:
+    """Staging buffers taken round-robin; ``size`` = takes per fill x ``STAGING_RING``."""
+
+    size: int = STAGING_RING
+    buffers: list[Staging] = field(default_factory=list)
+    next: int = 0
+
+    def __post_init__(self) -> None:
+        self.buffers = [Staging() for _ in range(self.size)]
+
+    def take(self) -> Staging:
+        """The next buffer, after the copy that last read it completed."""
+        buffer = self.buffers[self.next]
+        self.next = (self.next + 1) % len(self.buffers)
+        if buffer.done is not None:
+            buffer.done.synchronize()  # normally complete: it was STAGING_RING fills ago
+        return buffer
+
+
+def capacity(rows: int) -> int:
+    """Staging capacity for ``rows``: a power of two, at least 1024."""
+    return max(1024, 1 << (max(rows, 1) - 1).bit_length())
+
+
+#: Staged ids as the kernels take them: ``(ids, positions or None)``, Numba device arrays.
+StagedIds = tuple[Any, Any]
+
+
+class CopyStream:
+    """The copy stream, its events, and the per-fill state (see the module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device, priority=-1)
+        self.numba_stream: Any = None
+        self.closed = False
+        # Per-fill state, reset by begin_fill() only.
+        self.pending: list[torch.Tensor] = []
+        self.pending_graphs: list[Any] = []
+        self.staged: tuple[np.ndarray, StagedIds] | None = None
+
+    def producer_started(self) -> None:
+        """In the producer thread: select the device for torch and Numba."""
+        from numba import cuda
+
+        torch.cuda.set_device(self.device)
+        cuda.select_device(self.device.index)
+        if self.numba_stream is None:
+            self.numba_stream = _interop.numba_stream(self.stream)
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        with torch.cuda.stream(self.stream):
+            return torch.empty(shape, dtype=dtype, device=self.device)
+
+    # -- per fill --------------------------------------------------------------
+    def begin_fill(self) -> None:
+        self.pending = []
+        self.pending_graphs = []
+        self.staged = None
+
+    def wait_event(self, event: Event) -> None:
+        if isinstance(event, CudaEvent):
+            self.stream.wait_event(event.event)
+
+    def move_graph(self, graph: Any) -> Any:
+        """Put a graph-like object on the device, on the copy stream."""
+        if isinstance(graph, EdgeBlock):
+            edges = torch.stack((graph.src, graph.dst)).pin_memory()
+            with torch.cuda.stream(self.stream):
+                moved = edges.to(self.device, non_blocking=True)
+            self.pending.append(moved)
+            return EdgeBlock(moved[0], moved[1], graph.num_src_nodes, graph.num_dst_nodes)
+        # A DGL graph (on a DGL build that can hold it here) or a GraphBolt
+        # MiniBatch: moved by its own .to(), on the copy stream.
+        with torch.cuda.stream(self.stream):
+            moved_graph = graph.to(self.device)
+        self.pending_graphs.append(moved_graph)
+        return moved_graph
+
+    def record(self) -> CudaEvent:
+        """The fill's ready event, carrying what the consumer must ``record_stream``."""
+        event = torch.cuda.Event()
+        event.record(self.stream)
+        ready = CudaEvent(event, tuple(self.pending), tuple(self.pending_graphs))
+        self.begin_fill()
+        return ready
+
+    # -- consumer streams --------------------------------------------------------
+    def consumer_wait(self, event: Event, stream: Any = None) -> Any:
+        if stream is None:
+            stream = torch.cuda.current_stream(self.device)
+        if isinstance(event, CudaEvent):
+            stream.wait_event(event.event)
+            for tensor in event.tensors:
+                tensor.record_stream(stream)
+            for graph in event.graphs:
+                _record_graph(graph, stream)
+        return stream
+
+    def consumer_record(self, stream: Any = None) -> Event:
+        if self.closed:
+            return COMPLETED
+        if stream is None:
+            stream = torch.cuda.current_stream(self.device)
+        event = torch.cuda.Event()
+        event.record(stream)
+        return CudaEvent(event)
+
+    def close(self) -> None:
+        """Wait for every queued copy-stream operation (before unpinning tables)."""
+        self.closed = True
+        self.stream.synchronize()
+
+
+class IdStager:
+    """A fill's ids on the GPU, staged once per fill through pinned buffers.
+
+    With ``sort=True`` the staged ids are sorted on the GPU (``torch.sort`` on
+    the copy stream: no host wait) and the kernel gathers rows in ascending
+    address order, writing row ``i`` of the sorted order to output position
+    ``positions[i]``; the output order is unchanged.
+    """
+
+    def __init__(self, copy: CopyStream, sort: bool) -> None:
+        self.copy = copy
+        self.sort = sort
+        self.ring = Ring()
+
+    def size_ring(self, ids_per_fill: int) -> None:
+        """One pinned buffer per id array a fill stages, ``STAGING_RING`` fills deep."""
+        self.ring = Ring(STAGING_RING * ids_per_fill)
+
+    def stage(self, ids: np.ndarray) -> StagedIds:
+        """``(ids, positions)`` on the GPU; the same arrays for the same ids this fill."""
+        staged = self.copy.staged
+        if staged is not None and staged[0] is ids:
+            return staged[1]
+        n = len(ids)
+        staging = self.ring.take()
+        host, device = staging.host, staging.device
+        if host is None or device is None or host.shape[0] < n:
+            size = capacity(n)
+            host = staging.host = torch.empty(size, dtype=torch.int64, pin_memory=True)
+            with torch.cuda.stream(self.copy.stream):
+                device = staging.device = torch.empty(size, dtype=torch.int64,
+                                                      device=self.copy.device)
+        host[:n].copy_(torch.from_numpy(ids))
+        with torch.cuda.stream(self.copy.stream):
+            device[:n].copy_(host[:n], non_blocking=True)
+            if self.sort:
+                # Allocated on the copy stream and used only there: freed memory is
+                # reused only by later copy-stream work, after these kernels.
+                sorted_ids, order = torch.sort(device[:n])
+                result = (_interop.device_array(sorted_ids), _interop.device_array(order))
+            else:
+                result = (_interop.device_array(device[:n]), None)
+        staging.done = torch.cuda.Event()
+        staging.done.record(self.copy.stream)
+        self.copy.staged = (ids, result)
+        return result
+
+
+def _record_graph(graph: Any, stream: torch.cuda.Stream) -> None:
+    """``record_stream`` for a moved graph: its own method (DGL graphs), else every
+    CUDA tensor among its attributes (a GraphBolt MiniBatch and its subgraphs)."""
+    record = getattr(graph, "record_stream", None)
+    if callable(record):
+        record(stream)
+        return
+    for tensor in _cuda_tensors(graph, depth=4):
+        tensor.record_stream(stream)
+
+
+def _cuda_tensors(obj: Any, depth: int) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj] if obj.is_cuda else []
+    if depth == 0:
+        return []
+    if isinstance(obj, dict):
+        children: Any = obj.values()
+    elif isinstance(obj, list | tuple):
+        children = obj
+    elif hasattr(obj, "__dict__"):
+        children = vars(obj).values()
+    else:
+        return []
+    return [t for child in children for t in _cuda_tensors(child, depth - 1)]
