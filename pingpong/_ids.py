@@ -10,7 +10,7 @@ import torch
 
 from .errors import IdShapeError, IdTypeError
 from .kernels._checks import check_id_array, check_id_range
-from .store import FeatureStore, HostTable
+from .store import FeatureStore, Table
 
 _TORCH_ID_DTYPES = (torch.int32, torch.int64)
 
@@ -93,7 +93,7 @@ _NO_IDS = np.empty(0, dtype=np.int64)
 _NO_IDS.flags.writeable = False
 
 
-def _typed_ids(ids: Any, tables: dict[str | None, HostTable], name: str) -> TableIds:
+def _typed_ids(ids: Any, tables: dict[str | None, Table], name: str) -> TableIds:
     """Each table's validated ids from a dict by node type (none where the type is absent)."""
     if not isinstance(ids, Mapping):
         raise IdTypeError(

@@ -18,12 +18,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from ._ids import TableIds, batch_ids
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
+from .rowsource import RemoteTable
 from .slots import Buffer, Slot
 from .stats import LoaderStats
-from .store import FeatureStore, HostTable
+from .store import FeatureStore, Table
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ def produce(
             )
             graphs = place_graphs(plan.graphs, device.torch_device)
             t2 = time.perf_counter()
+            fetched = _fetch_remote(store, x_ids, y_ids)
+            t_fetched = time.perf_counter()
             slot = _take_free_slot(free_q, stop, poll_s)
             if slot is None:
                 return
@@ -120,12 +125,13 @@ def produce(
             with write_lock:
                 if stop.is_set():
                     return
-                delivery = _fill(slot, seq, store, device, x_ids, y_ids, plan, graphs)
+                delivery = _fill(slot, seq, store, device, x_ids, y_ids, fetched, plan, graphs)
             t4 = time.perf_counter()
             ready_q.put(delivery)
             stats.add(
                 sample_s=t1 - t0,
                 validate_s=t2 - t1,
+                fetch_s=t_fetched - t2,
                 gather_s=t4 - t3,
                 rows_gathered=_input_rows(store, x_ids),
                 bytes_gathered=_bytes(store.tables, x_ids) + _bytes(store.label_tables, y_ids),
@@ -149,15 +155,33 @@ def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:
     return sum(len(ids) for ids in x_ids.values())
 
 
-def _bytes(tables: dict[str | None, HostTable], ids: TableIds) -> int:
+def _bytes(tables: dict[str | None, Table], ids: TableIds) -> int:
     """Bytes gathered from ``tables`` when each is read at ``ids[key]``."""
     return sum(len(ids[key]) * table.row_bytes for key, table in tables.items())
 
 
+#: Rows fetched from row sources for one batch, by (feature or label) table.
+Fetched = dict[int, torch.Tensor]
+
+
+def _fetch_remote(store: FeatureStore, x_ids: TableIds, y_ids: TableIds) -> Fetched:
+    """Fetch the batch's rows from every row source (before a slot is taken).
+
+    Keyed by ``id(table)``; a homogeneous store's tables share one id array.
+    """
+    fetched: Fetched = {}
+    for tables, ids in ((store.tables, x_ids), (store.label_tables, y_ids)):
+        for key, table in tables.items():
+            if isinstance(table, RemoteTable) and key in ids:
+                fetched[id(table)] = table.fetch(ids[key])
+    return fetched
+
+
 def _gather_all(
-    buffers: dict[str | None, Buffer], ids: TableIds, device: Device
+    buffers: dict[str | None, Buffer], ids: TableIds, fetched: Fetched, device: Device
 ) -> dict[str | None, Any]:
-    """Queue the gather of every buffer's table at ``ids[key]`` into the buffer.
+    """Queue the gather of every buffer's table at ``ids[key]`` into the buffer
+    (for a row source: the copy of its fetched rows).
 
     Returns the row views (valid until the slot is refilled), by key.
     """
@@ -166,7 +190,11 @@ def _gather_all(
         n = len(ids[key])
         buffer.reserve(n, device.allocate)
         out[key] = buffer.rows(n)
-        device.gather(buffer.table, ids[key], out[key])
+        table = buffer.table
+        if isinstance(table, RemoteTable):
+            device.copy_rows(table, fetched[id(table)], out[key])
+        else:
+            device.gather(table, ids[key], out[key])
     return out
 
 
@@ -177,6 +205,7 @@ def _fill(
     device: Device,
     x_ids: TableIds,
     y_ids: TableIds,
+    fetched: Fetched,
     plan: ItemPlan,
     graphs: list[Any],
 ) -> Delivery:
@@ -185,8 +214,8 @@ def _fill(
     for event in slot.release_events:
         device.wait_event(event)
     slot.generation += 1
-    xs = _gather_all(slot.x, x_ids, device)
-    ys = _gather_all(slot.y, y_ids, device)
+    xs = _gather_all(slot.x, x_ids, fetched, device)
+    ys = _gather_all(slot.y, y_ids, fetched, device)
     moved = device.move_graphs(graphs)
     ready_event = device.record()
     x = xs if store.is_dict else xs[None]

@@ -135,7 +135,7 @@ class PingPongLoader(Iterable[Any]):
             features, labels, bool(heterogeneous), edge_labels
         )
         reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form)
-        table_bytes = sum(t.byte_rows.nbytes for t in self._store.all_tables)
+        table_bytes = sum(t.nbytes_local for t in self._store.all_tables)
         self._device: Device = make_device(
             device, gather, gather_threads, sort_ids, table_bytes
         )

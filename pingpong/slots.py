@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import BatchExpiredError
-from .store import FeatureStore, HostTable
+from .store import FeatureStore, Table
 
 if TYPE_CHECKING:
     from .devices.base import Device, Event
@@ -46,7 +46,7 @@ def grown_capacity(needed: int) -> int:
 class Buffer:
     """A growable device buffer for rows of one table."""
 
-    table: HostTable
+    table: Table
     storage: torch.Tensor | None = None
     grow_count: int = 0
 

@@ -12,9 +12,11 @@ key                   meaning
 ``bytes_gathered``    feature + label bytes written into slots
 ``sample_s``          producer time spent waiting for the source (sampling)
 ``validate_s``        producer time spent checking ids
+``fetch_s``           producer time spent fetching rows from row sources
+                      (``DistTensor`` pulls: :mod:`pingpong.rowsource`)
 ``gather_s``          producer time spent issuing gathers and block transfers
                       (on the CPU: doing them)
-``producer_busy_s``   ``sample_s + validate_s + gather_s``
+``producer_busy_s``   ``sample_s + validate_s + fetch_s + gather_s``
 ``consumer_stall_s``  time the training loop waited inside ``next()``
 ``overlap_ratio``     share of the producer's work hidden behind training:
                       ``1 - consumer_stall_s / producer_busy_s`` (clamped to
@@ -48,6 +50,7 @@ class LoaderStats:
         "bytes_gathered",
         "sample_s",
         "validate_s",
+        "fetch_s",
         "gather_s",
         "consumer_stall_s",
     )
@@ -82,7 +85,7 @@ class LoaderStats:
             cpu = self._cpu_seconds() - self._cpu0
         for key in ("epochs", "batches", "rows_gathered", "bytes_gathered"):
             values[key] = int(values[key])
-        busy = values["sample_s"] + values["validate_s"] + values["gather_s"]
+        busy = values["sample_s"] + values["validate_s"] + values["fetch_s"] + values["gather_s"]
         values["producer_busy_s"] = busy
         if busy > 0:
             values["overlap_ratio"] = min(1.0, max(0.0, 1.0 - values["consumer_stall_s"] / busy))

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError, TableError
+from .rowsource import RemoteTable, is_row_source, make_remote_table
 
 
 def byte_rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -53,6 +54,23 @@ class HostTable:
     @property
     def row_bytes(self) -> int:
         return int(self.byte_rows.shape[1])
+
+    @property
+    def nbytes_local(self) -> int:
+        """Bytes of host memory the table occupies (what ``gather="auto"`` weighs)."""
+        return int(self.byte_rows.nbytes)
+
+
+#: A feature or label table: a host tensor read in place, or a row source
+#: (:mod:`pingpong.rowsource`) whose rows are fetched per batch.
+Table = HostTable | RemoteTable
+
+
+def make_table(value: Any, name: str) -> Table:
+    """A :class:`HostTable` for a tensor or array, a ``RemoteTable`` for a row source."""
+    if is_row_source(value):
+        return make_remote_table(value, name)
+    return make_host_table(value, name)
 
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:
@@ -108,8 +126,8 @@ class FeatureStore:
     ``output_nodes[ntype]``).  ``batch.x`` and ``batch.y`` are dicts.
     """
 
-    tables: dict[str | None, HostTable]
-    label_tables: dict[str | None, HostTable]
+    tables: dict[str | None, Table]
+    label_tables: dict[str | None, Table]
     heterogeneous: bool = False
     #: What the label table is indexed by: ``"node"`` ids, ``"edge"`` ids
     #: (``edge_labels=``: one row per edge of the graph), or ``"none"``.
@@ -127,19 +145,19 @@ class FeatureStore:
         return None not in self.tables
 
     @property
-    def all_tables(self) -> list[HostTable]:
+    def all_tables(self) -> list[Table]:
         """Every feature and label table (for pinning or copying once)."""
         return [*self.tables.values(), *self.label_tables.values()]
 
 
-def _table_dict(values: Mapping[Any, Any], what: str) -> dict[str | None, HostTable]:
+def _table_dict(values: Mapping[Any, Any], what: str) -> dict[str | None, Table]:
     if not values:
         raise TableError(f"{what} is an empty dict; give at least one table")
-    tables: dict[str | None, HostTable] = {}
+    tables: dict[str | None, Table] = {}
     for key, value in values.items():
         if not isinstance(key, str):
             raise TableError(f"{what} dict keys must be str, got {key!r}")
-        tables[key] = make_host_table(value, f"{what}[{key!r}]")
+        tables[key] = make_table(value, f"{what}[{key!r}]")
     return tables
 
 
@@ -171,26 +189,26 @@ def make_feature_store(features: Any, labels: Any = None,
         if isinstance(features, Mapping):
             tables = _table_dict(features, "features")
         else:
-            tables = {None: make_host_table(features, "features")}
+            tables = {None: make_table(features, "features")}
         _check_same_rows(tables)
         return FeatureStore(
-            tables, {None: make_host_table(edge_labels, "edge_labels")}, label_kind="edge"
+            tables, {None: make_table(edge_labels, "edge_labels")}, label_kind="edge"
         )
     if heterogeneous:
         return _make_heterogeneous_store(features, labels)
     if isinstance(features, Mapping):
         tables = _table_dict(features, "features")
     else:
-        tables = {None: make_host_table(features, "features")}
+        tables = {None: make_table(features, "features")}
     num_rows = _check_same_rows(tables)
-    label_tables: dict[str | None, HostTable] = {}
+    label_tables: dict[str | None, Table] = {}
     if labels is not None:
         if isinstance(labels, Mapping):
             raise TableError(
                 "labels is a dict: per-node-type labels need heterogeneous=True; "
                 "a homogeneous loader takes one label tensor"
             )
-        label_table = make_host_table(labels, "labels")
+        label_table = make_table(labels, "labels")
         if label_table.num_rows != num_rows:
             raise TableError(
                 f"labels has {label_table.num_rows} rows but features has {num_rows}; "
@@ -200,7 +218,7 @@ def make_feature_store(features: Any, labels: Any = None,
     return FeatureStore(tables, label_tables, label_kind="node" if label_tables else "none")
 
 
-def _check_same_rows(tables: dict[str | None, HostTable]) -> int:
+def _check_same_rows(tables: dict[str | None, Table]) -> int:
     """The common row count of homogeneous feature tables (``TableError`` if they differ)."""
     row_counts = {t.name: t.num_rows for t in tables.values()}
     if len(set(row_counts.values())) != 1:
@@ -215,7 +233,7 @@ def _make_heterogeneous_store(features: Any, labels: Any) -> FeatureStore:
             f"{type(features).__name__}"
         )
     tables = _table_dict(features, "features")
-    label_tables: dict[str | None, HostTable] = {}
+    label_tables: dict[str | None, Table] = {}
     if labels is not None:
         if not isinstance(labels, Mapping):
             raise TableError(

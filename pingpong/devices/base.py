@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from ..store import FeatureStore, HostTable
+from ..rowsource import RemoteTable
+from ..store import FeatureStore, HostTable, byte_rows
 
 
 class Event(Protocol):
@@ -92,6 +93,14 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
         """Copy stream: enqueue ``out[:] = table[ids]`` (ids already validated)."""
+
+    def copy_rows(self, table: RemoteTable, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """Copy stream: enqueue ``out[:] = rows`` -- rows fetched from a row source
+        (:mod:`pingpong.rowsource`), a contiguous host tensor of ``out``'s shape.
+
+        Default: a synchronous copy (right where slots live in host memory).
+        """
+        byte_rows(out).copy_(byte_rows(rows))
 
     def move_graphs(self, graphs: list[Any]) -> list[Any]:
         """Copy stream: put a fill's graphs on this device (default: as they are).

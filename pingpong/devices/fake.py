@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..rowsource import RemoteTable
 from ..store import HostTable, byte_rows
 from .base import COMPLETED, Device, Event
 
@@ -335,6 +336,17 @@ class FakeAsyncDevice(Device):
         def run() -> None:
             if len(staged):
                 np.take(rows, staged, axis=0, out=out_rows)
+
+        self._pending.append(out)
+        self.copy_stream.put("call", (run, None))
+
+    def copy_rows(self, table: RemoteTable, rows: torch.Tensor, out: torch.Tensor) -> None:
+        self._host_call("gather")
+        source = byte_rows(rows).clone()  # like a pinned staging copy: taken now
+        out_rows = byte_rows(out)
+
+        def run() -> None:
+            out_rows.copy_(source)
 
         self._pending.append(out)
         self.copy_stream.put("call", (run, None))

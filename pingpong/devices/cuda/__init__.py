@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError, GatherModeUnavailable
+from ...rowsource import RemoteTable
 from ...store import FeatureStore, HostTable, byte_rows
 from ..base import Device, Event
 from ..cpu import CPUDevice
@@ -126,6 +127,11 @@ class CUDADevice(Device):
         self._copy.pending.append(out)
         if len(ids):
             self._mode.gather(table, ids, byte_rows(out))
+
+    def copy_rows(self, table: RemoteTable, rows: torch.Tensor, out: torch.Tensor) -> None:
+        self._copy.pending.append(out)
+        if len(rows):
+            self._copy.upload(id(table), byte_rows(rows), byte_rows(out))
 
     def move_graphs(self, graphs: list[Any]) -> list[Any]:
         return [self._copy.move_graph(graph) for graph in graphs]

@@ -73,7 +73,8 @@ class _KernelGather(GatherMode):
 
         with cuda.gpus[self.copy.device.index]:
             for table in store.all_tables:
-                self.sources[id(table)] = self.table_view(table)
+                if isinstance(table, HostTable):  # row sources are fetched, not read here
+                    self.sources[id(table)] = self.table_view(table)
 
     @abc.abstractmethod
     def table_view(self, table: HostTable) -> Any:

@@ -92,6 +92,7 @@ class CopyStream:
         self.pending: list[torch.Tensor] = []
         self.pending_graphs: list[Any] = []
         self.staged: tuple[np.ndarray, StagedIds] | None = None
+        self.upload_rings: dict[int, Ring] = {}
 
     def producer_started(self) -> None:
         """In the producer thread: select the device for torch and Numba."""
@@ -115,6 +116,21 @@ class CopyStream:
     def wait_event(self, event: Event) -> None:
         if isinstance(event, CudaEvent):
             self.stream.wait_event(event.event)
+
+    def upload(self, key: int, rows: torch.Tensor, out_rows: torch.Tensor) -> None:
+        """Enqueue ``out_rows[:] = rows`` (host uint8 rows) through a pinned staging ring."""
+        staging = self.upload_rings.setdefault(key, Ring()).take()
+        n = rows.shape[0]
+        if staging.host is None or staging.host.shape[0] < n or (
+            staging.host.shape[1] != rows.shape[1]
+        ):
+            staging.host = torch.empty((capacity(n), rows.shape[1]), dtype=torch.uint8,
+                                       pin_memory=True)
+        staging.host[:n].copy_(rows)
+        with torch.cuda.stream(self.stream):
+            out_rows.copy_(staging.host[:n], non_blocking=True)
+        staging.done = torch.cuda.Event()
+        staging.done.record(self.stream)
 
     def move_graph(self, graph: Any) -> Any:
         """Put a graph-like object on the device, on the copy stream."""

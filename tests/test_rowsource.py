@@ -1,0 +1,149 @@
+"""Row sources (``pingpong.rowsource``): tables whose rows are fetched, not read in place.
+
+A row source of the user's own -- the protocol ``shape``, ``dtype``,
+``__getitem__(ids)`` -- stands for a ``DistTensor`` here (the DistDGL tests
+use the real one).  Every batch is compared bit for bit with the reference;
+bad ids are refused before any fetch; a failing fetch reaches the training
+loop with its own exception; a stuck one honours ``timeout=``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+from test_reliability import Expected, SeqSource, Verifier, fake, make_table, seq_triples
+from test_usage_patterns import CountingCPUDevice
+
+import pingpong
+from pingpong import PingPongLoader
+
+N = 400
+
+
+class Rows:
+    """A row source backed by a tensor it never lends out; counts and can break fetches."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self._table = table.clone()
+        self.shape = tuple(table.shape)
+        self.dtype = table.dtype
+        self.fetches: list[int] = []
+        self.fail_at: int | None = None
+        self.gate: threading.Event | None = None
+        self.result_dtype: torch.dtype | None = None
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        assert ids.dtype == torch.int64
+        assert ids.dim() == 1
+        if self.gate is not None:
+            self.gate.wait(30)
+        if self.fail_at is not None and len(self.fetches) == self.fail_at:
+            raise ConnectionError("server 1 is gone")
+        self.fetches.append(len(ids))
+        rows = self._table[ids]
+        return rows if self.result_dtype is None else rows.to(self.result_dtype)
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+def test_row_source_features_and_labels_are_bit_identical(device_kind):
+    triples = seq_triples(N, 12)
+    features, labels = make_table(N, (5,)), make_table(N, (), torch.int64)
+    device = fake(seed=7) if device_kind == "fake" else "cpu"
+    verifier = Verifier(device, Expected(features, labels, triples))
+    with PingPongLoader(SeqSource(triples), Rows(features), Rows(labels),
+                        device=device) as loader:
+        for _ in range(2):
+            for batch in loader:
+                verifier.submit(batch)
+        verifier.resolve()
+        assert loader.stats["fetch_s"] > 0
+    assert (verifier.checked, verifier.corrupted) == (24, 0)
+
+
+def test_row_sources_mix_with_host_tables_in_a_dict():
+    triples = seq_triples(N, 6)
+    host, remote = make_table(N, (3,)), make_table(N, (2,), torch.float64)
+    source = Rows(remote)
+    with PingPongLoader(SeqSource(triples, shuffle=False), {"host": host, "remote": source}) \
+            as loader:
+        for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x["host"], host[inputs])
+            assert torch.equal(batch.x["remote"], remote[inputs])
+    assert source.fetches == [len(t[0]) for t in triples]
+
+
+def test_heterogeneous_row_sources():
+    features = {"paper": make_table(50, (4,)), "author": make_table(30, (2,))}
+    items = [({"paper": torch.arange(10), "author": torch.arange(5)},
+              {"paper": torch.arange(3)}, None)]
+    labels = {"paper": make_table(50, (), torch.int64)}
+    with PingPongLoader(items, {k: Rows(v) for k, v in features.items()},
+                        {"paper": Rows(labels["paper"])}, heterogeneous=True) as loader:
+        batch = next(iter(loader))
+    assert torch.equal(batch.x["paper"], features["paper"][:10])
+    assert torch.equal(batch.x["author"], features["author"][:5])
+    assert torch.equal(batch.y["paper"], labels["paper"][:3])
+
+
+def test_bad_ids_are_refused_before_any_fetch():
+    source = Rows(make_table(N, (2,)))
+    items = [(torch.arange(5), torch.arange(1), None), (torch.tensor([1, N]), torch.arange(1),
+                                                       None)]
+    with PingPongLoader(items, source) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(pingpong.IdRangeError, match=f"= {N}"):
+            next(it)
+    assert source.fetches == [5]  # the bad batch fetched nothing
+
+
+def test_a_failing_fetch_reaches_the_training_loop_with_its_own_exception():
+    source = Rows(make_table(N, (2,)))
+    source.fail_at = 2
+    device = CountingCPUDevice()
+    with PingPongLoader(seq_triples(N, 5), source, device=device) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        with pytest.raises(ConnectionError, match="server 1 is gone") as info:
+            next(it)
+        assert "pingpong thread" in "".join(getattr(info.value, "__notes__", []))
+        with pytest.raises(StopIteration):
+            next(it)
+
+
+def test_a_stuck_fetch_honours_timeout_and_close_does_not_wait_for_it():
+    source = Rows(make_table(N, (2,)))
+    with PingPongLoader(seq_triples(N, 5), source, timeout=0.5) as loader:
+        it = iter(loader)
+        next(it)
+        source.gate = threading.Event()  # the next fetches hang
+        with pytest.raises(pingpong.BatchTimeoutError):
+            for _ in range(5):
+                next(it)
+        source.gate.set()
+
+
+def test_a_fetch_of_the_wrong_dtype_is_a_table_error():
+    source = Rows(make_table(N, (2,)))
+    source.result_dtype = torch.float64
+    with PingPongLoader(seq_triples(N, 2), source) as loader:
+        with pytest.raises(pingpong.TableError, match=r"expected .* torch\.float32"):
+            next(iter(loader))
+
+
+@pytest.mark.parametrize(
+    ("bad", "needle"),
+    [
+        (type("NoDtype", (), {"shape": (3, 2), "dtype": "float32",
+                              "__getitem__": lambda self, i: None})(), "torch.dtype"),
+        (type("Empty", (), {"shape": (0, 2), "dtype": torch.float32,
+                            "__getitem__": lambda self, i: None})(), "empty"),
+    ],
+    ids=["dtype-not-torch", "empty"],
+)
+def test_bad_row_sources_are_refused_at_construction(bad: Any, needle: str):
+    with pytest.raises(pingpong.TableError, match=needle):
+        PingPongLoader([], bad)
