@@ -5,6 +5,9 @@
     python examples/train_sage.py --device cuda --gather zerocopy --feat-dtype float16
     python examples/train_sage.py --mlp                 # features-only baseline
     python examples/train_sage.py --nprocs 2            # DDP: 2 ranks, one loader each
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 2 \
+        --master-addr HOST0 --master-port 29500 examples/train_sage.py   # on HOST0; then
+                                                          # --node-rank 1 on the other machine
 
 ``--loader pingpong`` wraps the sampler's loader in :class:`pingpong.PingPongLoader`,
 which gathers features/labels into preallocated buffers in a background thread.
@@ -23,6 +26,19 @@ loader per rank over that rank's share of the training nodes (``use_ddp=True``
 on the sampler's loader). The feature and label tables are put in shared
 memory once, so every rank gathers from the same pages. Rank 0 prints and
 evaluates; the speed it prints is rank 0's samples/sec times N.
+
+Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` in the environment)
+each process is one rank of the same DDP job, on one machine or several:
+torch.distributed is initialised from the environment (``env://``; gloo on
+the CPU, NCCL on ``cuda:LOCAL_RANK``), the training nodes are split across all
+``WORLD_SIZE`` ranks and rank 0 evaluates. The ranks of one machine share one
+copy of the feature and label tables: the machine's first rank writes them
+into a file under ``--shm-dir`` (``/dev/shm``), the others map that file, and
+the file is removed as soon as every rank has mapped it (the memory lives on
+until the last rank exits), so a crash during training leaves nothing behind.
+``--nprocs`` (which starts its own ranks on one machine) cannot be combined
+with torchrun.
 """
 
 from __future__ import annotations
@@ -35,12 +51,16 @@ import importlib.util
 import json
 import math
 import os
+import re
+import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -62,6 +82,7 @@ from pingpong.sources import (
 )
 
 HAVE_DGL = importlib.util.find_spec("dgl") is not None
+SHM_DIR = Path("/dev/shm")
 FEAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -152,9 +173,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=positive_int, default=20)
     p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
     p.add_argument("--nprocs", type=positive_int, default=1,
-                   help="data-parallel ranks (torch.distributed + DDP), one loader each")
-    # Test hook: per-step digests of everything the training step reads.
+                   help="data-parallel ranks on this machine (torch.distributed + DDP), one "
+                        "loader each; under torchrun use its --nproc-per-node instead")
+    p.add_argument("--shm-dir", type=Path, default=None,
+                   help="under torchrun: where the ranks of a machine share the feature and "
+                        f"label tables (default {SHM_DIR}; a tmpfs)")
+    # Test hooks: per-step digests of everything the training step reads (under
+    # torchrun also a .meta.json per rank), and a crash of one rank while the
+    # shared-table file exists.
     p.add_argument("--dump-batches", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--test-crash-rank", type=non_negative_int, default=None,
+                   help=argparse.SUPPRESS)
     return p
 
 
@@ -180,6 +209,16 @@ class Dataset:
         if self.dgl_graph is None:
             self.dgl_graph = self.synthetic.to_dgl()
         return self.dgl_graph
+
+    def replace_tables(self, features: torch.Tensor, labels: torch.Tensor) -> None:
+        """Train on ``features``/``labels`` and drop every reference to the old tables."""
+        self.features, self.labels = features, labels
+        if self.synthetic is not None:
+            self.synthetic = replace(self.synthetic, features=features, labels=labels)
+        if self.dgl_graph is not None:  # its ndata is read only when the dataset is loaded
+            for key in ("feat", "label"):
+                if key in self.dgl_graph.ndata:
+                    self.dgl_graph.ndata.pop(key)
 
 
 def _split_from_masks(g: Any, labels: torch.Tensor, seed: int) -> tuple[torch.Tensor, ...]:
@@ -317,7 +356,8 @@ def make_loader(source: Iterable[Any], data: Dataset, args: argparse.Namespace,
     if not hasattr(pingpong, "PingPongLoader"):
         raise RuntimeError("pingpong.PingPongLoader is not available in this checkout")
     # Several ranks on one machine share its cores: each gathers with its part.
-    gather_threads = None if args.nprocs == 1 else max(1, cpu_count() // (2 * args.nprocs))
+    per_machine = ranks_per_machine(args)
+    gather_threads = None if per_machine == 1 else max(1, cpu_count() // (2 * per_machine))
     return pingpong.PingPongLoader(source, data.features, data.labels, device=str(device),
                                    num_buffers=args.num_buffers, gather=args.gather,
                                    gather_threads=gather_threads, sort_ids=args.sort_ids)
@@ -410,6 +450,11 @@ def cpu_count() -> int:
     return os.cpu_count() or 2
 
 
+def ranks_per_machine(args: argparse.Namespace) -> int:
+    """Ranks sharing this machine's cores: ``--nprocs``, or torchrun's ``LOCAL_WORLD_SIZE``."""
+    return int(getattr(args, "local_world_size", None) or args.nprocs)
+
+
 @dataclass
 class Rank:
     """Where this process stands in a ``--nprocs`` job (rank 0 of 1 otherwise)."""
@@ -430,8 +475,12 @@ class Rank:
 
 
 def train(args: argparse.Namespace, data: Dataset, device: torch.device,
-          ranks: Rank | None = None) -> dict[str, Any]:
-    """Train and evaluate; with several ranks, rank 0 prints, evaluates and reports."""
+          ranks: Rank | None = None, report: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train and evaluate; with several ranks, rank 0 prints, evaluates and reports.
+
+    ``report`` (with ``--dump-batches``): filled with every step's output node
+    ids, per epoch, and a digest of the trained weights.
+    """
     ranks = ranks or Rank()
     log = print if ranks.leader else _quiet
     torch.manual_seed(args.seed)
@@ -465,6 +514,7 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
     epoch_times: list[float] = []
     losses: list[float] = []
     digests: list[str] = []
+    outputs: list[list[list[int]]] = []
     val_acc = 0.0
     try:
         for epoch in range(args.epochs):
@@ -472,9 +522,12 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
             t_epoch = t_log = time.perf_counter()
             seen_since_log = 0
             steps = progress(train_loader, len(train_loader), f"epoch {epoch}", args.progress)
+            outputs.append([])
             for step, batch in enumerate(steps):
                 if args.dump_batches is not None:
                     digests.append(batch_digest(batch))
+                    if report is not None:
+                        outputs[-1].append(batch.output_nodes.tolist())
                 with autocast(args, device):
                     logits = net(batch.blocks, batch.x)
                     loss = F.cross_entropy(logits.float(), batch.y)
@@ -499,6 +552,8 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
                 val_acc = evaluate(model, val_loader, args, device)
                 log(f"Eval Acc {val_acc:.4f}", flush=True)
             ranks.barrier(device)  # the others wait while rank 0 evaluates
+        if report is not None and args.dump_batches is not None:
+            report.update(output_nodes=outputs, params_sha256=params_digest(model))
         test_acc = evaluate(model, test_loader, args, device) if test_loader is not None else 0.0
         log(f"Test Acc: {test_acc:.4f}", flush=True)
         stats = dict(train_loader.stats)
@@ -522,6 +577,14 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
         "losses": losses,
         "stats": _jsonable(stats),
     }
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over the model's parameters, bit for bit."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 def _quiet(*_args: Any, **_kwargs: Any) -> None:
@@ -572,6 +635,307 @@ def train_data_parallel(args: argparse.Namespace, data: Dataset) -> None:
             nprocs=args.nprocs, join=True)
 
 
+# --------------------------------------------------------------------------- torchrun
+#: What torchrun sets for every worker; any of the first four means "launched".
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Launch:
+    """This process's place in a torchrun job, read from its environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: str
+    run_id: str  # TORCHELASTIC_RUN_ID ("none" unless --rdzv-id is given)
+    node: int  # GROUP_RANK (torchrun's node rank), else the node's first global rank
+
+
+def launch_from_env(environ: dict[str, str] | None = None) -> Launch | None:
+    """The torchrun launch described by ``environ``, or None when there is none.
+
+    ``ValueError`` (with what is wrong) for a partial or inconsistent one.
+    """
+    env = dict(os.environ if environ is None else environ)
+    if not any(name in env for name in TORCHRUN_VARS[:4]):
+        return None
+    missing = [name for name in TORCHRUN_VARS if not env.get(name)]
+    if missing:
+        raise ValueError(f"{', '.join(n for n in TORCHRUN_VARS if n in env)} set but not "
+                         f"{', '.join(missing)}: start the script with torchrun (or unset them)")
+    try:
+        rank, world, local_rank, local_world = (
+            int(env[name]) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"))
+        node = int(env.get("GROUP_RANK", rank - local_rank))
+    except ValueError:
+        raise ValueError("RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK must "
+                         "be integers") from None
+    if not (0 <= rank < world and 0 <= local_rank < local_world <= world):
+        raise ValueError(f"inconsistent torchrun environment: RANK={rank}, WORLD_SIZE={world}, "
+                         f"LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world}")
+    return Launch(rank, world, local_rank, local_world, env["MASTER_ADDR"], env["MASTER_PORT"],
+                  env.get("TORCHELASTIC_RUN_ID", "none"), node)
+
+
+class RankFailure(Exception):
+    """Some rank could not go on; the message says which and why."""
+
+
+def all_ranks_ok(ok: bool, device: torch.device) -> bool:
+    """A barrier that also tells every rank whether all of them got this far unharmed."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def dataset_key(args: argparse.Namespace) -> str:
+    """A short hash of the flags that decide the tables' contents."""
+    flags = {name: str(getattr(args, name)) for name in (
+        "dataset", "num_nodes", "num_classes", "feat_dim", "avg_degree", "seed", "feat_dtype")}
+    flags["graph"] = str(args.graph.resolve()) if args.graph is not None else ""
+    return hashlib.sha256(json.dumps(flags, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def shared_table_paths(args: argparse.Namespace, launch: Launch, leader: int) -> dict[str, Path]:
+    """The files one machine's ranks share, named after the job, the machine and the data.
+
+    Job: ``TORCHELASTIC_RUN_ID`` and ``MASTER_ADDR:MASTER_PORT`` (torchrun's
+    default run id is ``none``; the master's port tells concurrent jobs
+    apart). Machine: the global rank of its first process (two torchrun
+    "nodes" may share one host). Data: :func:`dataset_key`.
+    """
+    def safe(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.]+", "_", text)[:40]
+
+    directory = args.shm_dir or SHM_DIR
+    if args.shm_dir is None and not SHM_DIR.is_dir():  # no /dev/shm (macOS): page cache
+        directory = Path(tempfile.gettempdir())
+    stem = (f"pingpong-train_sage-u{os.getuid()}-{safe(launch.run_id)}-"
+            f"{safe(launch.master_addr)}-{safe(launch.master_port)}-rank{leader}-"
+            f"{dataset_key(args)}")
+    return {name: directory / f"{stem}.{name}" for name in ("features", "labels")}
+
+
+def write_shared_table(path: Path, table: torch.Tensor) -> torch.Tensor:
+    """``table`` copied into a new file at ``path``, returned as a view of the shared mapping.
+
+    The file's space is reserved first, so that a full tmpfs is an ``OSError``
+    here rather than a SIGBUS while the rows are copied.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # left by a crashed run of the same job
+    nbytes = table.numel() * table.element_size()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, max(nbytes, 1))
+        else:
+            os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    shared = torch.from_file(str(path), shared=True, size=table.numel(), dtype=table.dtype)
+    shared = shared.view(table.shape)
+    shared.copy_(table)
+    return shared
+
+
+def map_shared_table(path: Path, like: torch.Tensor) -> torch.Tensor:
+    """The table another rank wrote at ``path``, mapped (not copied); it must equal ``like``."""
+    nbytes = like.numel() * like.element_size()
+    size = path.stat().st_size
+    if size < nbytes or size > max(nbytes, 1):
+        raise ValueError(f"{path} holds {size} bytes, but a {like.dtype} table of shape "
+                         f"{tuple(like.shape)} takes {nbytes}")
+    shared = torch.from_file(str(path), shared=True, size=like.numel(), dtype=like.dtype)
+    shared = shared.view(like.shape)
+    if not torch.equal(shared.reshape(-1).view(torch.uint8), like.reshape(-1).view(torch.uint8)):
+        raise ValueError(f"{path} differs from the table this rank loaded")
+    return shared
+
+
+def _raise_system_exit(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+@dataclass
+class SharedTables:
+    """How this rank's tables are shared with the other ranks of its machine."""
+
+    paths: dict[str, Path]
+    ranks: list[int]  # the global ranks sharing them, the writer first
+
+    @property
+    def index(self) -> int:
+        """This rank's place among ``ranks``."""
+        return self.ranks.index(torch.distributed.get_rank())
+
+
+def share_tables(data: Dataset, args: argparse.Namespace, launch: Launch,
+                 device: torch.device) -> SharedTables | None:
+    """Give the ranks of each machine one copy of ``data``'s tables (collective: every rank).
+
+    The machine's first rank writes the tables into files under the shm
+    directory; after a barrier the others map those files and drop their own
+    copies; after a second barrier the writer removes the files -- the mapped
+    memory lives on until the last rank exits, and nothing is left behind
+    whatever happens later. The writer removes them on failure too (a Python
+    exception or torchrun's SIGTERM); only a SIGKILL between the two barriers
+    leaves them (the next run of the same job replaces them).
+
+    None when this rank is alone on its machine (nothing to share).
+    """
+    dist = torch.distributed
+    me = (socket.gethostname(), launch.node, launch.rank)
+    everyone: list[Any] = [None] * launch.world_size
+    dist.all_gather_object(everyone, me)
+    here = sorted(rank for host, node, rank in everyone if (host, node) == me[:2])
+    alone = len(here) == 1
+    leader = here[0] == launch.rank
+    paths = shared_table_paths(args, launch, here[0])
+    tables = {"features": data.features, "labels": data.labels}
+    error: str | None = None
+    writer = leader and not alone
+    # torchrun stops the other workers with SIGTERM when one fails: unwind to
+    # the finally below (Python's default would end the process on the spot).
+    catch_sigterm = writer and threading.current_thread() is threading.main_thread()
+    if catch_sigterm:
+        previous = signal.signal(signal.SIGTERM, _raise_system_exit)
+    try:
+        shared: dict[str, torch.Tensor] = {}
+        if writer:
+            try:
+                shared = {k: write_shared_table(paths[k], t) for k, t in tables.items()}
+            except Exception as exc:  # noqa: BLE001 -- reported to every rank
+                error = f"could not write the tables to {paths['features'].parent}: {exc}"
+        if not all_ranks_ok(error is None, device):
+            raise RankFailure(error or "a machine's first rank could not write the tables")
+        if not leader:
+            try:
+                shared = {k: map_shared_table(paths[k], t) for k, t in tables.items()}
+            except Exception as exc:  # noqa: BLE001 -- reported to every rank
+                error = f"could not map the shared tables: {exc}"
+            if args.test_crash_rank == launch.rank:  # test hook: die holding the mapping
+                print(f"test-crash-rank: rank {launch.rank} dies with "
+                      f"{json.dumps(sorted(map(str, paths.values())))} on disk: "
+                      f"{json.dumps([p.exists() for p in paths.values()])}", file=sys.stderr,
+                      flush=True)
+                os._exit(3)
+        if not all_ranks_ok(error is None, device):
+            raise RankFailure(error or "a rank could not map the shared tables")
+    finally:
+        if writer:
+            if catch_sigterm:  # none between the unlinks; a pending one comes after them
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            try:
+                for path in paths.values():
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+            finally:
+                if catch_sigterm:
+                    signal.signal(signal.SIGTERM,
+                                  signal.SIG_DFL if previous is None else previous)
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if alone:
+        return None
+    data.replace_tables(shared["features"], shared["labels"])
+    return SharedTables(paths, here)
+
+
+def table_mapping(table: torch.Tensor) -> dict[str, Any]:
+    """The ``/proc/self/maps`` entry that holds ``table`` (Linux): its inode and file."""
+    address = table.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return {"inode": int(fields[4]),
+                        "file": fields[5].strip() if len(fields) > 5 else ""}
+    return {}
+
+
+def probe_shared_tables(data: Dataset, sharing: SharedTables | None, ranks: Rank,
+                        device: torch.device) -> dict[str, Any]:
+    """Test hook, after training: the ranks sharing a table each write one row of it.
+
+    Every rank then reads what all of them wrote: on one set of pages each
+    sees every write. Collective (every rank, sharing or not).
+    """
+    ranks.barrier(device)  # no rank reads the tables any more
+    if sharing is not None:
+        data.features[sharing.index] = sharing.index + 1
+    ranks.barrier(device)
+    if sharing is None:
+        return {"shared": False}
+    rows = data.features[: len(sharing.ranks)].reshape(len(sharing.ranks), -1)
+    return {"shared": True, "ranks": sharing.ranks,
+            "paths": {k: str(v) for k, v in sharing.paths.items()},
+            "paths_exist": [v.exists() for v in sharing.paths.values()],
+            "probe": [sorted(set(row.float().tolist())) for row in rows],
+            "mapping": table_mapping(data.features)}
+
+
+def run_torchrun(args: argparse.Namespace, launch: Launch) -> int:
+    """This process is one rank of a torchrun job."""
+    if args.device == "cuda":
+        torch.cuda.set_device(launch.local_rank)
+        device = torch.device("cuda", launch.local_rank)
+    else:
+        device = torch.device("cpu")
+    args.local_world_size = launch.local_world_size
+    torch.set_num_threads(max(1, cpu_count() // launch.local_world_size))
+    warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
+    # Rank 0 evaluates while the others wait in a barrier: allow 30 minutes.
+    torch.distributed.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", init_method="env://",
+        timeout=datetime.timedelta(minutes=30))
+    ranks = Rank(launch.rank, launch.world_size)
+    source_name = str(args.graph) if args.graph is not None else args.dataset
+    try:
+        error = None
+        try:
+            data = load_dataset(args)
+        except Exception as exc:  # noqa: BLE001 -- one line, and every rank stops
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            error = f"cannot load dataset {source_name!r}: {type(exc).__name__}: {message}"
+        if not all_ranks_ok(error is None, device):
+            raise RankFailure(error or "another rank could not load the dataset")
+        data.features = data.features.to(FEAT_DTYPES[args.feat_dtype]).contiguous()
+        data.labels = data.labels.contiguous()
+        if ranks.leader:
+            print(f"Dataset {source_name}: {data.features.shape[0]} nodes, "
+                  f"{data.features.shape[1]} features, {data.num_classes} classes, "
+                  f"{len(data.train_idx)}/{len(data.val_idx)}/{len(data.test_idx)} "
+                  f"train/val/test | loader {args.loader} | sampler {args.sampler} | "
+                  f"device {device} | model {'MLP' if args.mlp else 'SAGE'} | "
+                  f"{launch.world_size} ranks (DDP, torchrun)", flush=True)
+        sharing = share_tables(data, args, launch, device)
+        if sharing is not None and sharing.index == 0:
+            print(f"Rank {launch.rank}: feature and label tables shared by ranks "
+                  f"{sharing.ranks} of this machine (one copy)", flush=True)
+        report: dict[str, Any] = {}
+        result = train(args, data, device, ranks, report)
+        if args.dump_batches is not None:
+            report.update(rank=launch.rank, world_size=launch.world_size,
+                          local_rank=launch.local_rank, node=launch.node,
+                          table=probe_shared_tables(data, sharing, ranks, device))
+            meta = rank_dump_path(args.dump_batches, ranks)
+            meta.with_name(f"{meta.stem}.meta.json").write_text(json.dumps(report))
+        if ranks.leader and args.json is not None:
+            args.json.write_text(json.dumps(result, indent=2))
+    except RankFailure as exc:
+        print(f"train_sage.py: rank {launch.rank}: stopping: {exc}", file=sys.stderr,
+              flush=True)
+        return 1
+    finally:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
@@ -605,6 +969,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.nprocs > 1 and args.device == "cuda" and args.nprocs > torch.cuda.device_count():
         parser.error(f"--nprocs {args.nprocs} --device cuda: this machine has "
                      f"{torch.cuda.device_count()} GPU(s), one per rank is needed")
+    try:
+        launch = launch_from_env()
+    except ValueError as exc:
+        parser.error(str(exc))
+    if launch is not None:
+        if args.nprocs > 1:
+            parser.error("--nprocs starts its own ranks on one machine; under torchrun give "
+                         "torchrun --nproc-per-node instead")
+        if args.device == "cuda" and launch.local_rank >= torch.cuda.device_count():
+            parser.error(f"LOCAL_RANK {launch.local_rank} --device cuda: this machine has "
+                         f"{torch.cuda.device_count()} GPU(s), one per rank is needed")
+        return run_torchrun(args, launch)
+    if args.shm_dir is not None:
+        parser.error("--shm-dir applies under torchrun only")
     device = torch.device(args.device)
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
 
