@@ -16,6 +16,8 @@ from ._lifecycle import LoaderCore
 from .devices import Device, make_device
 from .errors import ConfigError
 from .forms import FormCallable, ItemReader
+from .forms._dgl import restartable_dgl_loader
+from .rowsource import RowSource
 from .slots import Slot, make_slots
 from .stats import LoaderStats
 from .store import FeatureStore, make_feature_store
@@ -32,7 +34,8 @@ class PingPongLoader(Iterable[Any]):
 
     Args:
         source: a re-iterable (DGL ``DataLoader``, GraphBolt ``DataLoader``,
-            list, ...) yielding items of a form :mod:`pingpong.forms` reads:
+            DGL's ``DistNodeDataLoader``/``DistEdgeDataLoader``, list, ...)
+            yielding items of a form :mod:`pingpong.forms` reads:
             DGL node triples ``(input_nodes, output_nodes, blocks)``, ShaDow
             items, edge-prediction items with or without negatives, subgraphs
             (ClusterGCN, SAINT), GraphBolt ``MiniBatch`` es, or anything with
@@ -96,8 +99,8 @@ class PingPongLoader(Iterable[Any]):
     def __init__(
         self,
         source: Iterable[Any],
-        features: torch.Tensor | Mapping[str, torch.Tensor],
-        labels: torch.Tensor | None = None,
+        features: torch.Tensor | RowSource | Mapping[str, torch.Tensor | RowSource],
+        labels: torch.Tensor | RowSource | Mapping[str, torch.Tensor | RowSource] | None = None,
         *,
         device: str | torch.device | Device = "cpu",
         num_buffers: int = 2,
@@ -107,17 +110,20 @@ class PingPongLoader(Iterable[Any]):
         sort_ids: str = "auto",
         debug: bool = False,
         heterogeneous: bool = False,
-        edge_labels: torch.Tensor | None = None,
+        edge_labels: torch.Tensor | RowSource | None = None,
         form: FormCallable | None = None,
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
         if isinstance(source, Iterator):
-            raise TypeError(
-                f"source is a one-shot iterator ({type(source).__name__}); pass a "
-                "re-iterable such as a DGL DataLoader or a list, since every epoch "
-                "iterates it again"
-            )
+            restartable = restartable_dgl_loader(source)  # DistNodeDataLoader & co.
+            if restartable is None:
+                raise TypeError(
+                    f"source is a one-shot iterator ({type(source).__name__}); pass a "
+                    "re-iterable such as a DGL DataLoader or a list, since every epoch "
+                    "iterates it again"
+                )
+            source = restartable
         if isinstance(num_buffers, bool) or not isinstance(num_buffers, int) or num_buffers < 2:
             raise ConfigError(f"num_buffers must be an int >= 2, got {num_buffers!r}")
         if timeout is not None and (

@@ -28,14 +28,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from .errors import TableError
 
-__all__ = ["RemoteTable", "is_row_source", "make_remote_table"]
+__all__ = ["RemoteTable", "RowSource", "is_row_source", "make_remote_table"]
+
+
+@runtime_checkable
+class RowSource(Protocol):
+    """The row-source protocol (see the module docstring), for type checkers."""
+
+    @property
+    def shape(self) -> Any: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor: ...
 
 
 def is_row_source(value: Any) -> bool:

@@ -82,6 +82,35 @@ def edge_block_from_dgl(graph: Any) -> EdgeBlock:
     )
 
 
+class DistLoaderSource:
+    """A DGL ``DistDataLoader`` (``DistNodeDataLoader``, ``DistEdgeDataLoader``) as a
+    re-iterable source with a length.
+
+    DGL's distributed loaders return themselves from ``__iter__`` (which
+    restarts the epoch) and have no ``len()``; this makes every
+    ``iter()`` one new pass and ``len()`` the number of batches DGL expects.
+    The loader retires an epoch's producer before it starts the next one, so
+    no two passes ever advance the shared iterator at once.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Any:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return int(self.loader.expected_idxs)
+
+
+def restartable_dgl_loader(source: Any) -> DistLoaderSource | None:
+    """``source`` as a re-iterable if it is a DGL distributed loader, else ``None``."""
+    for cls in type(source).__mro__:
+        if cls.__name__ == "DistDataLoader" and cls.__module__.startswith("dgl."):
+            return DistLoaderSource(source)
+    return None
+
+
 @functools.cache
 def _dgl_can_hold_graphs_on(device: torch.device) -> bool:
     import dgl

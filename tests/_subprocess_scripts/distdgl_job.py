@@ -1,0 +1,313 @@
+"""A DistDGL job on 127.0.0.1 for tests/test_distdgl.py: 2 partitions, 2 servers, 2 trainers.
+
+Usage: ``python distdgl_job.py MODE OUT_DIR PART_DIR``. Run without
+``DGL_ROLE`` it is the launcher: it partitions a small synthetic graph into
+``PART_DIR`` (reused when already there) and starts the servers and trainers
+with ``examples/train_dist.py``'s :class:`LocalCluster`, each running this
+script again with ``DGL_ROLE=server`` or ``DGL_ROLE=client``. It writes
+``OUT_DIR/pids.json`` (every process it started, before waiting on them) and
+``OUT_DIR/job.json`` (how each ended), and each trainer writes
+``OUT_DIR/rank{r}.json``; the servers' and trainers' output is in
+``OUT_DIR/{server,trainer}-{i}.log``. This script asserts nothing: the test
+reads the files, so a wrong result shows up there.
+
+Modes (what a trainer does):
+
+``equal``
+    Two shuffled epochs of ``PingPongLoader`` over a ``DistNodeDataLoader``
+    with the ``DistTensor`` s ``feat`` and ``label`` as row sources, training a
+    DDP model. Every batch is kept; after each epoch (the producer thread has
+    finished, so DGL's RPC is free) ``feat[input_nodes]`` and
+    ``label[output_nodes]`` are pulled again on the training thread and
+    compared bit for bit with what pingpong delivered -- and with the
+    original tables, through DGL's renumbering (``orig_nid``).
+``bad-id``
+    The source's third batch gets the id ``N`` (one past the last row) among
+    its input nodes. ``feat`` and ``label`` are counted pulls
+    (``DelayedRows``, itself a row source, around each ``DistTensor``).
+``server-kill`` / ``server-stop``
+    Epochs with a loader ``timeout``; once rank 0 is a few steps into its
+    second epoch the launcher sends SIGKILL (``server-kill``) or SIGSTOP
+    (``server-stop``: alive but silent) to server 1. Each trainer records the
+    exception its training loop got; the launcher records how and when every
+    trainer ended.
+
+``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
+``wrong-pull`` (equal: compare against the rows of the wrong ids),
+``in-range`` (bad-id: inject ``N - 1``), ``no-timeout`` (server-stop:
+``timeout=None``), ``no-signal`` (server-*: leave the server alone, so the
+trainers run on to the deadline), ``leak`` (any mode: leave a process
+running, listed in ``pids.json``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))  # train_dist (it adds the checkout if pingpong
+# is not installed) and sage_model
+
+import torch  # noqa: E402
+import train_dist as td  # noqa: E402
+from sage_model import SAGE  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+import pingpong  # noqa: E402
+from pingpong.sources import make_synthetic_graph  # noqa: E402
+
+SPEC = td.GraphSpec(num_nodes=12_000, feat_dim=32, num_classes=4, avg_degree=10.0, seed=3)
+FANOUTS = [5, 5]
+BATCH_SIZE = 128
+TIMEOUT_S = 15.0  # the loader's timeout in the server modes
+BREAK = os.environ.get("PINGPONG_DISTDGL_BREAK", "")
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.uint8)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
+
+
+def write_json(path: Path, payload: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- trainers
+def ddp_model(in_feats: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        SAGE(in_feats, 16, SPEC.num_classes, len(FANOUTS), 0.0))
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Any) -> None:
+    loss = F.cross_entropy(model(batch.blocks, batch.x), batch.y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
+    orig_nid = torch.load(part_dir / "orig_nid.pt")
+    sg = make_synthetic_graph(num_nodes=SPEC.num_nodes, num_classes=SPEC.num_classes,
+                              feat_dim=SPEC.feat_dim, avg_degree=SPEC.avg_degree,
+                              seed=SPEC.seed)
+    source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
+    model, opt = ddp_model(feat.shape[1])
+    epochs = []
+    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
+        for _ in range(2):
+            kept = []
+            for batch in loader:
+                kept.append(tuple(t.clone() for t in (batch.input_nodes, batch.output_nodes,
+                                                      batch.x, batch.y)))
+                step(model, opt, batch)
+            # The epoch is over: the producer no longer uses DGL's RPC.
+            diff_sync = diff_truth = 0
+            digest = hashlib.sha256()
+            for input_nodes, output_nodes, x, y in kept:
+                ref_ids = input_nodes.roll(1) if BREAK == "wrong-pull" else input_nodes
+                ref_x, ref_y = feat[ref_ids], label[output_nodes]
+                diff_sync += not (same_bits(x, ref_x) and same_bits(y, ref_y))
+                diff_truth += not (same_bits(x, sg.features[orig_nid[input_nodes]])
+                                   and same_bits(y, sg.labels[orig_nid[output_nodes]]))
+                digest.update(bits(x).numpy().tobytes())
+            order = torch.cat([k[1] for k in kept])
+            seeds = order.sort().values
+            epochs.append({
+                "order_sha256": hashlib.sha256(order.numpy().tobytes()).hexdigest(),
+                "batches": len(kept), "len_loader": len(loader),
+                "mismatch_vs_sync_pull": diff_sync, "mismatch_vs_original": diff_truth,
+                "rows": int(sum(len(k[0]) for k in kept)), "x_digest": digest.hexdigest(),
+                "seeds_are_train_share": bool(torch.equal(seeds, tr.train_nids.sort().values)),
+            })
+        stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
+    params = hashlib.sha256()
+    module: torch.nn.Module = model.module  # type: ignore[assignment]
+    for t in module.state_dict().values():
+        params.update(bits(t).numpy().tobytes())
+    return {"epochs": epochs, "loader": type(loader).__name__, "stats": stats,
+            "train_share": tr.train_nids.tolist(), "num_nodes": tr.g.num_nodes(),
+            "params_sha256": params.hexdigest()}
+
+
+class InjectId:
+    """Yields the source's items; item ``at`` gets ``bad_id`` appended to its input nodes."""
+
+    def __init__(self, source: Any, at: int, bad_id: int) -> None:
+        self.source, self.at, self.bad_id = source, at, bad_id
+
+    def __iter__(self):
+        for i, (input_nodes, output_nodes, blocks) in enumerate(self.source):
+            if i == self.at:
+                input_nodes = torch.cat([input_nodes, torch.tensor([self.bad_id])])
+            yield input_nodes, output_nodes, blocks
+
+
+def trainer_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    feat = td.DelayedRows(tr.g.ndata["feat"])  # counts pulls; a row source itself
+    label = td.DelayedRows(tr.g.ndata["label"])
+    n = feat.shape[0]
+    bad = n - 1 if BREAK == "in-range" else n
+    source = InjectId(td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True),
+                      at=2, bad_id=bad)
+    delivered, pulls_at_delivery = 0, []
+    result: dict[str, Any] = {"num_rows": n, "bad_id": bad, "bad_batch": 2}
+    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
+        try:
+            for _ in loader:
+                delivered += 1
+                pulls_at_delivery.append([feat.pulls, label.pulls])
+            result["exception"] = None
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            result["exception"] = type(exc).__name__
+            result["is_id_range_error"] = isinstance(exc, pingpong.IdRangeError)
+            result["message"] = str(exc)
+        result["feature_pulls"] = feat.pulls
+        result["label_pulls"] = label.pulls
+    result["delivered"] = delivered
+    result["pulls_at_delivery"] = pulls_at_delivery
+    return result
+
+
+def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
+    source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
+    model, opt = ddp_model(feat.shape[1])
+    timeout = None if BREAK == "no-timeout" else TIMEOUT_S
+    steps = 0
+    record: dict[str, Any] = {"timeout": timeout}
+    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=timeout) as loader:
+        try:
+            for epoch in range(100):
+                for i, batch in enumerate(loader):
+                    step(model, opt, batch)
+                    steps += 1
+                    time.sleep(0.2)  # a slow step: the epoch lasts a few seconds
+                    if epoch == 1 and i == 2 and tr.leader:
+                        (out / "mid-epoch").touch()
+            record["exception"] = None
+        except BaseException as exc:  # noqa: BLE001 - recorded for the test
+            record.update(exception=type(exc).__name__, module=type(exc).__module__,
+                          is_batch_timeout=isinstance(exc, pingpong.BatchTimeoutError),
+                          message=str(exc)[:2000], at=time.time(), steps=steps)
+            write_json(out / f"rank{tr.rank}.json", record)
+            sys.stdout.flush()
+            os._exit(3)  # DGL's exit hook would wait for the lost server
+    return record
+
+
+TRAINERS = {"equal": trainer_equal, "bad-id": trainer_bad_id,
+            "server-kill": trainer_server_loss, "server-stop": trainer_server_loss}
+
+
+def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
+    import torch.distributed as dist
+
+    tr = td.init_trainer(threads=1)
+    record = TRAINERS[mode](tr, out, part_dir)
+    write_json(out / f"rank{tr.rank}.json", {"rank": tr.rank, "pid": os.getpid(), **record})
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------- launcher
+def launcher_main(mode: str, out: Path, part_dir: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    part_config = td.partition_synthetic(SPEC, part_dir, 2, log=lambda s: None)
+    command = [sys.executable, str(Path(__file__).resolve()), mode, str(out), str(part_dir)]
+    job: dict[str, Any] = {"mode": mode, "break": BREAK, "events": []}
+    signal.signal(signal.SIGTERM, td._raise_system_exit)
+    with tempfile.TemporaryDirectory(prefix="pingpong-distdgl-") as tmp:
+        cluster = td.LocalCluster(command, part_config, Path(tmp), num_parts=2, log_dir=out,
+                                  trainer_log_dir=out)
+        try:
+            cluster.start()
+            pids = cluster.pids()
+            if BREAK == "leak":  # a process this launcher "forgets" to stop
+                leak = subprocess.Popen(["sleep", "600"], start_new_session=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                pids.append({"role": "leak", "index": 0, "pid": leak.pid, "pgid": leak.pid,
+                             "token": cluster.token})
+            write_json(out / "pids.json", pids)
+            job["trainers"] = wait_for_trainers(cluster, mode, out, job)
+        finally:
+            cluster.stop()
+        job["servers"] = {str(p.index): td.describe_exit(p.popen.returncode)
+                          for p in cluster.servers}
+    write_json(out / "job.json", job)
+    return 0
+
+
+def wait_for_trainers(cluster: td.LocalCluster, mode: str, out: Path,
+                      job: dict[str, Any]) -> dict[str, Any]:
+    """Wait until every trainer has ended; record how and when.
+
+    Deadlines: 110 s for the whole job; after a server was disturbed,
+    ``TIMEOUT_S + 45`` s. A trainer still running then is killed and marked
+    ``hung``.
+    """
+    start = time.monotonic()
+    deadline = start + 110.0
+    disturbed_at = None
+    ended: dict[str, Any] = {}
+    while True:
+        now = time.monotonic()
+        if (disturbed_at is None and mode.startswith("server-") and BREAK != "no-signal"
+                and (out / "mid-epoch").exists()):
+            sig = signal.SIGKILL if mode == "server-kill" else signal.SIGSTOP
+            victim = cluster.servers[1].popen.pid
+            os.kill(victim, sig)
+            disturbed_at = now
+            deadline = min(deadline, now + TIMEOUT_S + 45.0)
+            job["events"].append({"t": now - start, "signal": sig.name, "server": 1,
+                                  "pid": victim})
+        for p in cluster.trainers:
+            code = p.popen.poll()
+            if code is not None and str(p.index) not in ended:
+                ended[str(p.index)] = {
+                    "exit": td.describe_exit(code), "returncode": code,
+                    "t": now - start,
+                    "after_disturbance_s": None if disturbed_at is None else now - disturbed_at,
+                    "hung": False}
+        if len(ended) == len(cluster.trainers):
+            return ended
+        if now > deadline:
+            for p in cluster.trainers:
+                if str(p.index) not in ended:
+                    ended[str(p.index)] = {"exit": "still running at the deadline",
+                                           "returncode": None, "t": now - start,
+                                           "hung": True}
+            return ended
+        time.sleep(0.05)
+
+
+def main() -> int:
+    mode, out, part_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    role = os.environ.get("DGL_ROLE")
+    if role == "server":
+        td.run_server()
+        return 0
+    if role is not None:
+        td.run_trainer(lambda: trainer_main(mode, out, part_dir))
+        return 0
+    return launcher_main(mode, out, part_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

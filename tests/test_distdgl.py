@@ -1,0 +1,269 @@
+"""DistDGL through pingpong: 2 partitions, servers and trainers as real processes on 127.0.0.1.
+
+Each job is ``tests/_subprocess_scripts/distdgl_job.py`` (or the example,
+``examples/train_dist.py``) run in its own session: it partitions a small
+synthetic graph, starts two DGL servers and two trainers with the
+environment DGL's launch script gives them, and writes what each process
+saw; these tests read it. After every job, each process it started must be
+gone (pid and process group) and no shared memory of it left in /dev/shm.
+
+Skipped without DGL, or where DistDGL cannot run at all (not Linux, no
+writable /dev/shm, no 127.0.0.1); any other failure fails.
+``PINGPONG_DISTDGL_BREAK=wrong-pull|in-range|no-timeout|no-signal|leak`` breaks the
+job on purpose (see the script), to see these tests fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import run_in_own_session
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = ROOT / "tests" / "_subprocess_scripts" / "distdgl_job.py"
+EXAMPLE = ROOT / "examples" / "train_dist.py"
+TIMEOUT_S = 15.0  # the loader's timeout in the server-loss jobs (distdgl_job.TIMEOUT_S)
+JOB_LIMIT_S = 150  # hard limit per job; the job's own deadline is 110 s
+
+pytestmark = [pytest.mark.dgl, pytest.mark.slow]
+
+
+def distdgl_unavailable() -> str | None:
+    """Why DistDGL cannot start on this machine at all, or None."""
+    if not sys.platform.startswith("linux"):
+        return "DistDGL on one host is tested on Linux only (process groups, /dev/shm)"
+    if importlib.util.find_spec("dgl") is None:
+        return "needs DGL"
+    try:
+        import dgl.distributed  # noqa: F401
+        from dgl.dataloading import DistNodeDataLoader  # noqa: F401
+    except ImportError as exc:
+        return f"dgl.distributed does not import here: {exc!r}"
+    if not os.access("/dev/shm", os.W_OK):
+        return "no writable /dev/shm (DGL's servers share their tables through it)"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+    except OSError as exc:
+        return f"cannot listen on 127.0.0.1: {exc}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def part_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One partition of the job's graph for the whole module (the first job writes it)."""
+    reason = distdgl_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    return tmp_path_factory.mktemp("parts")
+
+
+def run_job(mode: str, out: Path, part_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run one job; return its job.json and the ranks' JSON (missing ones as {}).
+
+    Whatever happens, every process it started must be gone afterwards.
+    """
+    try:
+        returncode, stdout, stderr = run_in_own_session(
+            [sys.executable, str(JOB), mode, str(out), str(part_dir)], timeout=JOB_LIMIT_S,
+            env=dict(os.environ, OMP_NUM_THREADS="1"))
+        logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                         for p in sorted(out.glob("*.log")))
+        assert returncode == 0, stdout[-3000:] + stderr[-3000:] + logs
+    finally:
+        if (out / "pids.json").exists():
+            assert_all_gone(out / "pids.json")
+    job = json.loads((out / "job.json").read_text())
+    ranks = [json.loads(p.read_text()) if p.exists() else {}
+             for p in (out / f"rank{r}.json" for r in range(2))]
+    return job, ranks
+
+
+# --------------------------------------------------------------------------- processes
+def live_members(pgid: int) -> list[psutil.Process]:
+    """Processes of group ``pgid`` that are not zombies."""
+    members = []
+    for proc in psutil.process_iter(["status"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+    return members
+
+
+def assert_all_gone(pid_file: Path, grace: float = 5.0) -> None:
+    """Every process in ``pid_file`` has exited, its process group is empty, and no
+    shared memory of the job is left. Kills what is left (so a failing test leaves
+    no orphan) and then fails."""
+    entries = json.loads(pid_file.read_text())
+    deadline = time.monotonic() + grace
+    while True:
+        alive = [e for e in entries
+                 if (psutil.pid_exists(e["pid"]) and _not_zombie(e["pid"]))
+                 or live_members(e["pgid"])]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    for entry in alive:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(entry["pgid"], signal.SIGKILL)
+    tokens = {e["token"] for e in entries}
+    leftovers = [p.name for p in Path("/dev/shm").iterdir() if any(t in p.name for t in tokens)]
+    assert not alive, f"processes left running after the job: {alive}"
+    assert not leftovers, f"shared memory left in /dev/shm: {leftovers}"
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+# --------------------------------------------------------------------------- tests
+def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
+        part_dir: Path, tmp_path: Path) -> None:
+    """Two shuffled epochs on both trainers: every batch pingpong delivered equals
+    ``feat[input_nodes]`` / ``label[output_nodes]`` pulled synchronously from the
+    DistTensors, bit for bit, and the original tables through DGL's renumbering."""
+    job, ranks = run_job("equal", tmp_path, part_dir)
+    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}  # shut down by DGL
+    for report in ranks:
+        assert report["loader"] == "PingPongLoader"
+        epochs = report["epochs"]
+        assert len(epochs) == 2
+        for e in epochs:
+            assert e["batches"] == e["len_loader"] > 1
+            assert e["mismatch_vs_sync_pull"] == 0
+            assert e["mismatch_vs_original"] == 0
+            assert e["seeds_are_train_share"]  # every seed of the share, once
+        assert epochs[0]["order_sha256"] != epochs[1]["order_sha256"], "not reshuffled"
+        assert report["stats"]["batches"] == sum(e["batches"] for e in epochs)
+        assert report["stats"]["fetch_s"] > 0  # the rows came through the row sources
+    # Each trainer has its own share (node_split), of the same size (DDP steps in step).
+    shares = [set(r["train_share"]) for r in ranks]
+    assert len(shares[0]) == len(shares[1]) > 0
+    assert not shares[0] & shares[1]
+    assert ranks[0]["epochs"][0]["batches"] == ranks[1]["epochs"][0]["batches"]
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]  # DDP averaged them
+
+
+def test_out_of_range_id_is_refused_before_any_pull(part_dir: Path, tmp_path: Path) -> None:
+    """Batch 2 carries id N: IdRangeError in the training loop, and the DistTensors
+    were pulled for batches 0 and 1 only -- never with the bad id."""
+    job, ranks = run_job("bad-id", tmp_path, part_dir)
+    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    for report in ranks:
+        assert report["exception"] == "IdRangeError"
+        assert report["is_id_range_error"]
+        assert f"= {report['num_rows']} is out of range" in report["message"]
+        assert report["delivered"] == report["bad_batch"] == 2
+        assert report["feature_pulls"] == report["label_pulls"] == 2
+
+
+def test_server_stopped_mid_epoch_raises_batch_timeout(part_dir: Path, tmp_path: Path) -> None:
+    """SIGSTOP to server 1 in the second epoch: it stays connected but never answers, so
+    DGL's pull waits for ever; the loader's timeout= turns that into BatchTimeoutError
+    in the training loop of the trainers waiting on it, and no process hangs."""
+    job, ranks = run_job("server-stop", tmp_path, part_dir)
+    assert [e["signal"] for e in job["events"]] == ["SIGSTOP"]
+    ends = job["trainers"]
+    print("trainers:", json.dumps(ends), "reports:", json.dumps(ranks))
+    for rank, end in ends.items():
+        assert not end["hung"], f"trainer {rank} hung"
+        assert end["returncode"] == 3, f"trainer {rank}: {end['exit']}"  # its loop raised
+        assert ranks[int(rank)]["exception"] is not None
+        assert end["after_disturbance_s"] < TIMEOUT_S + 30
+    timed_out = [r for r in ranks if r.get("is_batch_timeout")]
+    assert timed_out, "no trainer got BatchTimeoutError"
+    for report in timed_out:
+        assert f"timeout={TIMEOUT_S}" in report["message"]
+
+
+def test_server_killed_mid_epoch_ends_the_trainers_without_hanging(
+        part_dir: Path, tmp_path: Path) -> None:
+    """SIGKILL to server 1 in the second epoch: every trainer ends promptly. DGL 1.1's
+    socket sender thread aborts the trainer process (``send error: Broken pipe``, then
+    ``socket_communicator.cc: Check failed``, SIGABRT) before Python sees anything;
+    where it does not, the training loop must have raised."""
+    job, ranks = run_job("server-kill", tmp_path, part_dir)
+    assert [e["signal"] for e in job["events"]] == ["SIGKILL"]
+    ends = job["trainers"]
+    print("trainers:", json.dumps(ends), "reports:", json.dumps(ranks))
+    for rank, end in ends.items():
+        assert not end["hung"], f"trainer {rank} hung"
+        assert end["after_disturbance_s"] < TIMEOUT_S + 30
+        if end["returncode"] == -signal.SIGABRT:  # DGL's C++ layer ended the process
+            log = (tmp_path / f"trainer-{rank}.log").read_text(errors="replace")
+            assert "socket_communicator.cc" in log, log[-2000:]
+            assert "Check failed" in log, log[-2000:]
+        else:
+            assert end["returncode"] == 3, f"trainer {rank}: {end['exit']}"
+            assert ranks[int(rank)]["exception"] is not None
+
+
+@pytest.mark.parametrize("loader", ["pingpong", "sync"])
+def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -> None:
+    """``examples/train_dist.py`` end to end: partition, 2 servers, 2 DDP trainers."""
+    if (reason := distdgl_unavailable()) is not None:
+        pytest.skip(reason)
+    pid_file, result = tmp_path / "pids.json", tmp_path / "result.json"
+    try:
+        returncode, stdout, stderr = run_in_own_session(
+            [sys.executable, str(EXAMPLE), "--loader", loader, *SMALL, "--json", str(result),
+             "--pid-file", str(pid_file)], timeout=JOB_LIMIT_S, cwd=tmp_path)
+        assert returncode == 0, stdout[-4000:] + stderr[-4000:]
+    finally:
+        if pid_file.exists():
+            assert_all_gone(pid_file)
+    report = json.loads(result.read_text())
+    assert report["loader"] == loader
+    assert report["world_size"] == 2
+    assert len(report["epochs"]) == 2
+    assert all(e["steps"] > 1 for e in report["epochs"])
+    assert report["test_acc"] > 0.4  # 4 classes: chance is 0.25
+    assert "Epoch 01 | Time(s)" in stdout
+    assert "Test Acc" in stdout
+
+
+SMALL = ["--num-nodes", "8000", "--feat-dim", "32", "--num-classes", "4", "--avg-degree", "10",
+         "--epochs", "2", "--batch-size", "200", "--hidden", "32", "--lr", "0.01"]
+
+
+def test_example_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the launcher) mid-training: it stops all four processes."""
+    if (reason := distdgl_unavailable()) is not None:
+        pytest.skip(reason)
+    pid_file, log = tmp_path / "pids.json", tmp_path / "out.log"
+    with open(log, "wb") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, str(EXAMPLE), *SMALL, "--epochs", "50", "--pid-file", str(pid_file)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "Epoch 00" not in log.read_text(errors="replace"):
+            assert launcher.poll() is None, log.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, "training did not start within 120 s"
+            time.sleep(0.2)
+        os.kill(launcher.pid, signal.SIGINT)
+        returncode = launcher.wait(timeout=30)
+        assert returncode == 130, log.read_text(errors="replace")[-4000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        if pid_file.exists():
+            assert_all_gone(pid_file)
+    assert "interrupted" in log.read_text(errors="replace")
