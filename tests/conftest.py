@@ -92,6 +92,10 @@ def run_in_own_session(
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
+        try:  # a process that left the session may still hold the pipes open
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = "", "(output lost: a process outside the session kept the pipes)"
         pytest.fail(f"{' '.join(command)} ran over {timeout} s:\n{stdout}{stderr}")
     return proc.returncode, stdout, stderr
