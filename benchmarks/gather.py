@@ -15,15 +15,27 @@ and Numba threads both set to N), for N in ``--threads``:
                     split into N chunks copied by N threads: the bandwidth
                     ceiling a gather can hope for.
 
-CUDA (``--device cuda``; needs a GPU, exits with one line otherwise):
+CUDA (``--device cuda``; needs a GPU, exits with one line otherwise; the code
+is in ``_gather_cuda.py``, whose docstring has the details): per host table
+(``--table-gib 4 32``: each size in turn, skipped when RAM is short) and page
+kind (``--pages normal thp``: 4 KiB or 2 MiB pages, ``pingpong.hugepages``),
+with the page-lock (``cudaHostRegister``) time and the huge pages obtained:
 
-- ``pingpong zerocopy``  ``pingpong.kernels.gather_rows_cuda`` reading a
-                         pinned host table over PCIe straight into device memory;
-- ``staged``             ``index_select`` into a pinned buffer + ``copy_`` to the
-                         device (the classic CPU-gather path);
-- ``pinned memcpy``      host-to-device copy of a pinned block of the same size
-                         (the PCIe ceiling);
-- ``device index_select`` the table resident in GPU memory (upper bound).
+- ``pingpong zerocopy``        ``gather_rows_cuda`` reading the pinned host table over
+                               PCIe straight into device memory (default grid: the SM
+                               share is recorded per configuration);
+- ``... gpu-sorted``           ``torch.sort`` of the ids on the stream, then the kernel's
+                               ``positions=`` path (random ids; the sort is timed);
+- ``... full grid``            the same kernel on every SM;
+- ``staged``                   ``index_select`` into a pinned buffer + ``copy_`` to the
+                               device (the classic CPU-gather path);
+- ``pinned memcpy``            host-to-device copy of a pinned block of the same size
+                               (the PCIe ceiling);
+- ``device index_select``      the table resident in GPU memory (upper bound);
+
+for random ids and for ids in address order (``sorted``), and a sort sweep
+(``--batch-ids`` 1k..1M ids per call at ``--sweep-row-bytes``): gather as
+given, GPU-sorted, the sort alone, presorted.
 
 Contenders are alternated in a shuffled order each round, with the CPU
 caches scrubbed before every timed call (see ``_common.alternate``), for
@@ -34,7 +46,7 @@ Run from the repository root::
 
     python benchmarks/gather.py --quick                  # < 30 s smoke run
     python benchmarks/gather.py --out docs/benchmarks    # full CPU run
-    python benchmarks/gather.py --device cuda --out results/gpu
+    python benchmarks/gather.py --device cuda --out results/gpu   # see gpu_check.sh
 """
 
 from __future__ import annotations
@@ -54,6 +66,11 @@ import numpy as np
 import torch
 
 ROW_BYTES_FULL = (64, 128, 256, 512, 1024, 2048, 4096)
+#: Ids per call in the CUDA sort sweep: does sorting on the GPU pay, and from what size?
+SWEEP_BATCH_IDS = (1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000)
+#: How a host table can be allocated (``--pages``): ``torch`` is ``torch.empty``; the
+#: others come from ``pingpong.hugepages.empty_table``.
+PAGE_CHOICES = ("torch", "normal", "thp", "hugetlb")
 ROW_BYTES_QUICK = (64, 256, 4096)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: NumPy view used by ``np.take`` (NumPy has no bfloat16).
@@ -70,6 +87,7 @@ GOAL_MIN_ROW_BYTES = 256
 CPU_CONTENDERS = ("pingpong", "index_select", "table[ids]", "np.take", "memcpy")
 CUDA_CONTENDERS = (
     "pingpong zerocopy",
+    "pingpong zerocopy gpu-sorted",
     "pingpong zerocopy full grid",
     "staged",
     "pinned memcpy",
@@ -102,8 +120,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--table-gib",
         type=float,
+        nargs="+",
         default=None,
-        help="feature table size in GiB (default 1.5; --quick: 0.0625)",
+        help="feature table size in GiB (default 1.5 on the CPU, 4 on CUDA; --quick: 0.0625); "
+        "CUDA takes several (each in turn; one that does not fit in free RAM is skipped)",
+    )
+    p.add_argument(
+        "--pages",
+        nargs="+",
+        choices=PAGE_CHOICES,
+        default=None,
+        help="how the host table is allocated: torch (torch.empty), normal (4 KiB pages: "
+        "pingpong.hugepages with MADV_NOHUGEPAGE), thp (2 MiB transparent huge pages), "
+        "hugetlb (the reserved pool). Default: torch on the CPU; normal and thp on CUDA, "
+        "which takes several",
+    )
+    p.add_argument(
+        "--batch-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="CUDA: ids per call in the sort sweep (default 1k 4k 16k 64k 256k 1M)",
+    )
+    p.add_argument(
+        "--sweep-row-bytes",
+        type=int,
+        default=512,
+        help="CUDA: row size of the sort sweep (default 512; 0 skips the sweep)",
+    )
+    p.add_argument(
+        "--formats",
+        nargs="+",
+        choices=("json", "md", "png"),
+        default=["json", "md", "png"],
+        help="what --out receives (default all three)",
     )
     p.add_argument(
         "--batch-mib",
@@ -149,15 +199,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     quick = args.quick
+    cuda = args.device == "cuda"
     if args.table_gib is None:
-        args.table_gib = 0.0625 if quick else 1.5
+        args.table_gib = [0.0625 if quick else (4.0 if cuda else 1.5)]
+    if args.pages is None:
+        args.pages = ["normal", "thp"] if cuda else ["torch"]
+    if args.batch_ids is None:
+        args.batch_ids = [1_000, 4_000, 16_000] if quick else list(SWEEP_BATCH_IDS)
     if args.batch_mib is None:
         args.batch_mib = 8.0 if quick else 64.0
     if args.rounds is None:
         args.rounds = 3 if quick else 7
     if args.row_bytes is None:
         args.row_bytes = list(ROW_BYTES_QUICK if quick else ROW_BYTES_FULL)
-    cuda = args.device == "cuda"
     if args.dtypes is None:
         # The kernels move bytes: on CUDA float16 stands for both 2-byte types.
         if cuda:
@@ -176,6 +230,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--row-bytes must be even and >= 2 (bfloat16 rows), got {rb}")
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if not cuda and (len(args.table_gib) != 1 or len(args.pages) != 1):
+        p.error("the CPU run takes one --table-gib and one --pages")
+    if any(size <= 0 for size in args.table_gib):
+        p.error("--table-gib must be positive")
+    if any(n < 1 for n in args.batch_ids):
+        p.error("--batch-ids must be positive")
+    if args.sweep_row_bytes < 0 or args.sweep_row_bytes % 2:
+        p.error("--sweep-row-bytes must be even and >= 0")
     return args
 
 
@@ -188,9 +250,18 @@ def _cores() -> int:
 # --------------------------------------------------------------------------- shared
 
 
-def make_table(nbytes: int, seed: int) -> torch.Tensor:
-    """A flat uint8 tensor of ``nbytes`` random bytes, every page touched."""
-    storage = torch.empty(nbytes // 8 * 8, dtype=torch.uint8)
+def make_table(nbytes: int, seed: int, pages: str = "torch") -> torch.Tensor:
+    """A flat uint8 tensor of ``nbytes`` random bytes, every page touched.
+
+    ``pages``: ``torch`` (``torch.empty``) or a ``pingpong.hugepages`` page kind.
+    """
+    size = nbytes // 8 * 8
+    if pages == "torch":
+        storage = torch.empty(size, dtype=torch.uint8)
+    else:
+        from pingpong.hugepages import empty_table
+
+        storage = empty_table(size, torch.uint8, pages=pages)
     gen = torch.Generator().manual_seed(seed)
     storage.view(torch.int64).random_(generator=gen)
     return storage
@@ -303,14 +374,14 @@ def check_cpu_outputs(
 def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
     import numba
 
-    table_bytes = int(args.table_gib * 2**30)
+    table_bytes = int(args.table_gib[0] * 2**30)
     batch_bytes = int(args.batch_mib * 2**20)
     print(
         f"# table {table_bytes / 2**30:.2f} GiB, {batch_bytes / 2**20:.0f} MiB per call, "
         f"{args.rounds} rounds",
         flush=True,
     )
-    storage = make_table(table_bytes, args.seed)
+    storage = make_table(table_bytes, args.seed, args.pages[0])
     out_storage = torch.empty(batch_bytes, dtype=torch.uint8)
     out_storage.fill_(0)
     scrub = _common.CacheScrubber()
@@ -390,6 +461,7 @@ def run_cpu(args: argparse.Namespace) -> dict[str, Any]:
             "dtypes": args.dtypes,
             "seed": args.seed,
             "wait_quiet_s": args.wait_quiet,
+            "pages": args.pages[0],
         },
         "load_1min": _load_stats(load_samples),
         "other_processes_cores": _spread(other_samples),
@@ -425,6 +497,7 @@ def _progress_line(record: dict[str, Any], names: tuple[str, ...]) -> str:
 
 
 # --------------------------------------------------------------------------- CUDA
+# The CUDA run lives in _gather_cuda.py, imported only for --device cuda.
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -439,178 +512,10 @@ def cuda_unavailable_reason() -> str | None:
     return None
 
 
-def pin_table(host: torch.Tensor) -> tuple[torch.Tensor, Any, Callable[[], None]]:
-    """Pin ``host`` for zero-copy reads; return (pinned tensor, Numba view, undo).
-
-    Uses the loader's own in-place registration (``cudaHostRegister`` through
-    ``pingpong.kernels._interop``) when it exists, so the benchmark reads the
-    table exactly as ``gather="zerocopy"`` does; otherwise copies it into
-    ``pin_memory()`` and views that.
-    """
-    from pingpong.kernels import _interop
-
-    pinned = _interop.pin_in_place(host.numpy(), host)
-    return host, pinned.array, pinned.release
-
-
 def run_cuda(args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device("cuda")
-    table_bytes = int(args.table_gib * 2**30)
-    batch_bytes = int(args.batch_mib * 2**20)
-    print(
-        f"# {torch.cuda.get_device_name(device)}; table {table_bytes / 2**30:.2f} GiB pinned, "
-        f"{batch_bytes / 2**20:.0f} MiB per call, {args.rounds} rounds",
-        flush=True,
-    )
-    host, host_view, unpin = pin_table(make_table(table_bytes, args.seed))
-    try:
-        return _run_cuda_configs(args, host, host_view, table_bytes, batch_bytes)
-    finally:
-        torch.cuda.synchronize()
-        unpin()
+    import _gather_cuda
 
-
-def _run_cuda_configs(
-    args: argparse.Namespace,
-    host: torch.Tensor,
-    host_view: Any,
-    table_bytes: int,
-    batch_bytes: int,
-) -> dict[str, Any]:
-    from numba import cuda
-
-    from pingpong.kernels import gather_rows_cuda
-    from pingpong.kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked
-
-    device = torch.device("cuda")
-    stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-    dev_table_storage = host.to(device)
-    out_storage = torch.empty(batch_bytes, dtype=torch.uint8, device=device)
-    staging = torch.empty(batch_bytes, dtype=torch.uint8).pin_memory()
-    scrub = _common.CacheScrubber()
-    results = []
-    load_samples: list[float] = []
-    other_samples: list[float] = []
-    for n_threads in args.threads:
-        set_threads(n_threads)
-        for dtype_name in args.dtypes:
-            dtype = DTYPES[dtype_name]
-            itemsize = torch.empty((), dtype=dtype).element_size()
-            for order in ("random", "sorted"):
-                for row_bytes in args.row_bytes:
-                    width = row_bytes // itemsize
-                    num_rows = table_bytes // row_bytes
-                    n = batch_bytes // row_bytes
-                    used = num_rows * row_bytes
-                    table_host = host[:used].view(dtype).view(num_rows, width)
-                    table_dev = dev_table_storage[:used].view(dtype).view(num_rows, width)
-                    table_zc = host_view[:used].reshape(num_rows, row_bytes)
-                    out = out_storage[: n * row_bytes].view(dtype).view(n, width)
-                    out_nb = cuda.as_cuda_array(out_storage[: n * row_bytes].view(n, row_bytes))
-                    stage = staging[: n * row_bytes].view(dtype).view(n, width)
-                    seed = _config_seed(args.seed, "cuda", n_threads, dtype_name, order, row_bytes)
-                    ids = make_ids(num_rows, n, order, seed)
-                    ids_dev = ids.to(device)
-                    ids_nb = cuda.as_cuda_array(ids_dev)
-                    start = int(np.random.default_rng(seed).integers(0, num_rows - n + 1))
-                    block = host[start * row_bytes : (start + n) * row_bytes]
-                    out_flat = out_storage[: n * row_bytes]
-
-                    # validated once here; timed calls skip the check, as the loader does
-                    gather_rows_cuda(table_zc, ids_nb, out_nb, stream)
-
-                    def zerocopy(table_zc=table_zc, ids_nb=ids_nb, out_nb=out_nb) -> None:
-                        gather_rows_cuda_unchecked(table_zc, ids_nb, out_nb, stream)
-                        torch.cuda.synchronize()
-
-                    def zerocopy_full(table_zc=table_zc, ids_nb=ids_nb, out_nb=out_nb) -> None:
-                        gather_rows_cuda_unchecked(
-                            table_zc, ids_nb, out_nb, stream, max_blocks=full_grid_blocks()
-                        )
-                        torch.cuda.synchronize()
-
-                    def staged(table_host=table_host, ids=ids, stage=stage, out=out) -> None:
-                        torch.index_select(table_host, 0, ids, out=stage)
-                        out.copy_(stage, non_blocking=True)
-                        torch.cuda.synchronize()
-
-                    def pinned_memcpy(block=block, out_flat=out_flat) -> None:
-                        out_flat.copy_(block, non_blocking=True)
-                        torch.cuda.synchronize()
-
-                    def device_index_select(table_dev=table_dev, ids_dev=ids_dev, out=out) -> None:
-                        torch.index_select(table_dev, 0, ids_dev, out=out)
-                        torch.cuda.synchronize()
-
-                    fns: dict[str, Callable[[], object]] = {
-                        "pingpong zerocopy": zerocopy,
-                        "pingpong zerocopy full grid": zerocopy_full,
-                        "staged": staged,
-                        "pinned memcpy": pinned_memcpy,
-                        "device index_select": device_index_select,
-                    }
-                    expected = table_host[ids].view(torch.uint8)
-                    mismatches = []
-                    for name in (
-                        "pingpong zerocopy",
-                        "pingpong zerocopy full grid",
-                        "staged",
-                        "device index_select",
-                    ):
-                        out_storage.zero_()
-                        fns[name]()
-                        if not torch.equal(out.view(torch.uint8).cpu(), expected):
-                            mismatches.append(name)
-                    if "pingpong zerocopy" in mismatches:
-                        raise SystemExit(
-                            f"pingpong zerocopy gathered wrong bytes ({dtype_name}, {row_bytes} B)"
-                        )
-                    load = _common.load_average()
-                    if load is not None:
-                        load_samples.append(load[0])
-                    other = _common.OtherLoad()
-                    other.start()
-                    samples = _common.alternate(
-                        fns, args.rounds, warmup=2, before_each=scrub, seed=seed
-                    )
-                    other_cores = other.stop()
-                    if other_cores is not None:
-                        other_samples.append(other_cores)
-                    delivered = n * row_bytes
-                    record = {
-                        "threads": n_threads,
-                        "dtype": dtype_name,
-                        "order": order,
-                        "row_bytes": row_bytes,
-                        "rows_per_call": n,
-                        "bytes_per_call": delivered,
-                        "load_1min_before": None if load is None else load[0],
-                        "other_processes_cores": other_cores,
-                        "mismatches": mismatches,
-                        "seconds": samples,
-                        "summary": {k: _common.summarize(v, delivered) for k, v in samples.items()},
-                    }
-                    results.append(record)
-                    print(_progress_line(record, CUDA_CONTENDERS), flush=True)
-    return {
-        "benchmark": "gather",
-        "device": "cuda",
-        "gpu": torch.cuda.get_device_name(device),
-        "command": _common.command_line(),
-        "machine": _common.machine_info(),
-        "settings": {
-            "table_bytes": table_bytes,
-            "batch_bytes": batch_bytes,
-            "rounds": args.rounds,
-            "threads": args.threads,
-            "row_bytes": args.row_bytes,
-            "dtypes": args.dtypes,
-            "seed": args.seed,
-        },
-        "load_1min": _load_stats(load_samples),
-        "other_processes_cores": _spread(other_samples),
-        "results": results,
-    }
+    return _gather_cuda.run(args, sys.modules[__name__])
 
 
 # --------------------------------------------------------------------------- report
@@ -689,9 +594,11 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"Before each configuration the script waited up to {s['wait_quiet_s']:.0f} s "
             "for other processes to use less than 0.25 cores."
         )
+    sizes = s["table_bytes"] if isinstance(s["table_bytes"], list) else [s["table_bytes"]]
+    table_text = " and ".join(f"{size / 2**30:.2f}" for size in sizes)
     lines += [
         "",
-        f"Table {s['table_bytes'] / 2**30:.2f} GiB; {s['batch_bytes'] / 2**20:.0f} MiB of rows "
+        f"Table {table_text} GiB; {s['batch_bytes'] / 2**20:.0f} MiB of rows "
         f"delivered per timed call; {s['rounds']} rounds, contenders in a shuffled order each "
         "round, CPU caches scrubbed before every timed call; "
         "numbers are medians in GB/s of rows delivered (rows x row bytes / time). "
@@ -733,6 +640,11 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{', '.join(r['mismatches'])} ({r['dtype']}, {r['row_bytes']} B)" for r in mism
             ),
         ]
+    if not cpu:
+        import _gather_cuda
+
+        lines += _gather_cuda.render_markdown(report, sys.modules[__name__])
+        return "\n".join(lines)
     for n_threads in s["threads"]:
         headers = ["dtype", "ids", "row B", *names, f"/{base}", f"/{ceiling}", "other"]
         rows = []
@@ -778,6 +690,26 @@ def render_headline(report: dict[str, Any]) -> str | None:
         else ("pingpong zerocopy", "staged", "pinned memcpy")
     )
     dtype = "float32"
+    if not cpu and any("pages" in r for r in report["results"]):
+        rows = [
+            [
+                f"{r['table_bytes'] / 2**30:g} GiB",
+                r["pages"],
+                r["order"],
+                r["row_bytes"],
+                *(r["summary"].get(name, {}).get("median_gbps", "-") for name in (
+                    ours, "pingpong zerocopy gpu-sorted", base, ceiling)),
+                _ratio(r, ours, ceiling) or "-",
+                _fmt_other(r.get("other_processes_cores")),
+            ]
+            for r in report["results"]
+            if r["dtype"] == dtype and r["row_bytes"] in HEADLINE_ROW_BYTES
+        ]
+        if not rows:
+            return None
+        headers = ["table", "pages", "ids", "row B", ours, "gpu-sorted", base, ceiling,
+                   f"/{ceiling}", "other"]
+        return _common.markdown_table(headers, rows)
     rows = [
         [
             r["threads"],
@@ -809,10 +741,21 @@ def render_plot(report: dict[str, Any], path: Path) -> Path | None:
     for r in report["results"]:
         if r["dtype"] != dtype:
             continue
-        panel = f"N={r['threads']}, {r['order']} ids, {dtype}"
+        if cpu:
+            panel = f"N={r['threads']}, {r['order']} ids, {dtype}"
+        else:
+            panel = (f"{r.get('table_bytes', 0) / 2**30:g} GiB {r.get('pages', 'torch')} pages, "
+                     f"{r['order']} ids")
         series = panels.setdefault(panel, {name: [] for name in names})
         for name in names:
-            series[name].append((r["row_bytes"], r["summary"][name]["median_gbps"]))
+            if name in r["summary"]:
+                series[name].append((r["row_bytes"], r["summary"][name]["median_gbps"]))
+    panels = {
+        panel: {name: points for name, points in series.items() if points}
+        for panel, series in panels.items()
+    }
+    if not panels:
+        return None
     title = f"Gather throughput ({report['device']}): median GB/s of rows delivered"
     return _common.plot_lines(path, panels, "row bytes", "GB/s", title)
 
@@ -842,11 +785,13 @@ def write_outputs(report: dict[str, Any], args: argparse.Namespace) -> int:
         report["goals"] = goals
     markdown = render_markdown(report)
     if args.out is not None:
-        written = [
-            _common.write_json(args.out / f"{args.name}.json", report),
-            _common.write_markdown(args.out / f"{args.name}.md", markdown),
-        ]
-        png = render_plot(report, args.out / f"{args.name}.png")
+        formats = getattr(args, "formats", ["json", "md", "png"])
+        written = []
+        if "json" in formats:
+            written.append(_common.write_json(args.out / f"{args.name}.json", report))
+        if "md" in formats:
+            written.append(_common.write_markdown(args.out / f"{args.name}.md", markdown))
+        png = render_plot(report, args.out / f"{args.name}.png") if "png" in formats else None
         if png is not None:
             written.append(png)
         print("# wrote " + ", ".join(str(p) for p in written))

@@ -131,3 +131,28 @@ def test_two_threads_running_parallel_numba_at_once():
     thread.join()
     assert not errors
     assert numba.threading_layer() in ("omp", "tbb")
+
+
+@pytest.mark.parametrize("offset", [1, 2, 4])
+@pytest.mark.parametrize("row_bytes", [16, 24, 6])
+def test_a_table_off_the_word_boundary_is_gathered_exactly_and_in_bounds(offset, row_bytes):
+    """Table and out are viewed with one word: a table starting ``offset`` bytes past an
+    aligned address once made the kernel copy words of one width into rows of another
+    (wrong bytes, and writes past ``out``)."""
+    rows = 64
+    raw = np.random.default_rng(offset).integers(0, 256, rows * row_bytes + 8, dtype=np.uint8)
+    table = raw[offset : offset + rows * row_bytes].reshape(rows, row_bytes)
+    assert table.ctypes.data % 8 != 0
+    guard = np.zeros((40, row_bytes), np.uint8)  # out is the first 10 rows; the rest must stay 0
+    out = guard[:10]
+    ids = np.random.default_rng(1).integers(0, rows, 10)
+    gather_rows_cpu(table, ids, out)
+    assert np.array_equal(out, table[ids])
+    assert not guard[10:].any()
+
+
+def test_word_view_takes_an_explicit_width():
+    rows = np.zeros((4, 16), np.uint8)
+    assert as_words(rows, 2).dtype == np.int16
+    assert as_words(rows, 2).shape == (4, 8)
+    assert as_words(rows, 1).shape == (4, 16)

@@ -747,3 +747,55 @@ def test_large_gather_default_tuning() -> None:
     out = cuda.device_array((len(ids), 100), np.float32)
     kc.gather_rows_cuda(cuda.to_device(host), cuda.to_device(ids), out)
     assert_same_bytes(out, host[ids])
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+@pytest.mark.parametrize("positions", [False, True], ids=["ids", "positions"])
+@pytest.mark.parametrize(
+    ("row_bytes", "word"), [(512, 8), (12, 4), (6, 2), (3, 1)], ids=["w8", "w4", "w2", "w1"]
+)
+def test_warm_up_signature_is_what_the_launch_passes(
+    monkeypatch: pytest.MonkeyPatch, row_bytes: int, word: int, positions: bool
+) -> None:
+    """``gather_kernel_signature`` types exactly the arguments of a real launch
+    (device int64 ids, as the loader stages them; with and without GPU-sorted positions)."""
+    import numba
+
+    launched: list[tuple[object, ...]] = []
+    monkeypatch.setattr(kc, "_launch", lambda kernel, blocks, threads, stream, *args: (
+        launched.append(args)))
+    host = np.zeros((10, row_bytes), np.uint8)
+    ids = np.array([3, 1, 4], np.int64)
+    order = np.argsort(ids).astype(np.int64)
+    kc.gather_rows_cuda_unchecked(
+        cuda.to_device(host), cuda.to_device(ids[order] if positions else ids),
+        cuda.device_array((3, row_bytes), np.uint8),
+        positions=cuda.to_device(order) if positions else None,
+    )
+    (args,) = launched
+    # the simulator's device arrays wrap NumPy arrays of the same dtype and layout
+    typed = tuple(numba.typeof(getattr(a, "_ary", a)) for a in args)
+    assert typed == kc.gather_kernel_signature(word, np.int64)
+    assert kc._table_word_bytes(host) == word
+    assert kc._table_word_bytes(row_bytes) == word
+
+
+def test_warm_up_cuda_checks_and_is_a_no_op_in_the_simulator() -> None:
+    with pytest.raises(ConfigError):
+        kc.gather_kernel_signature(3)
+    with pytest.raises(IdTypeError):
+        kc.gather_kernel_signature(8, np.int16)
+    if SIM:
+        assert kc.warm_up_cuda([512, np.zeros((2, 6), np.uint8)]) == []  # nothing compiles
+    from pingpong.kernels import warm_up_cuda
+
+    assert warm_up_cuda is kc.warm_up_cuda
+
+
+def test_kernels_are_cached_on_disk_on_a_gpu() -> None:
+    if SIM:
+        pytest.skip("the simulator compiles nothing")
+    assert type(kc._gather_kernel._cache).__name__ == "CUDACache"
+    assert type(kc._minmax_kernel._cache).__name__ == "CUDACache"

@@ -1,4 +1,15 @@
-"""The CPU device: slots in host memory, gathered by the Numba kernel in the producer."""
+"""The CPU device: slots in host memory, gathered by the Numba kernel in the producer.
+
+Warm-up: :meth:`CPUDevice.attach` starts a ``pingpong-warmup-N`` thread that
+compiles (or loads from Numba's disk cache) the kernels this loader's tables
+need (:func:`pingpong.kernels.warm_up_cpu`: int64 ids first, then int32).
+While it runs, a gather whose specialisation is not ready yet runs
+``torch.index_select`` on the same byte rows (bit-exact, no JIT), so the first
+batches never wait for Numba; the rest run the Numba kernel. If the warm-up
+fails, the kernels compile on first use, as they would without it.
+:meth:`CPUDevice.detach` (``close()``) stops the warm-up and joins it (for at
+most ``WARM_UP_JOIN_S``: it then ends with its current step).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +21,16 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..kernels.cpu import gather_rows_cpu_unchecked
-from ..store import HostTable, byte_rows
+from ..kernels._warmup import WarmUpThread, start_warm_up
+from ..kernels.cpu import gather_is_ready, gather_rows_cpu_unchecked, warm_up_cpu
+from ..store import FeatureStore, HostTable, byte_rows
 from .base import COMPLETED, Device, Event
+
+#: How long ``close()`` waits for a warm-up's step in progress. A step is one
+#: compilation or cache load (the first, loading Numba itself, ~1 s in a fresh
+#: process); a warm-up still in its step after that ends with the step, in the
+#: background, touching nothing of the loader's.
+WARM_UP_JOIN_S = 1.0
 
 
 def default_gather_threads() -> int:
@@ -40,6 +58,28 @@ class CPUDevice(Device):
         if not isinstance(gather_threads, int) or gather_threads < 1:
             raise ConfigError(f"gather_threads must be a positive int, got {gather_threads!r}")
         self.gather_threads = min(gather_threads, numba.config.NUMBA_NUM_THREADS)
+        self._warm_up: WarmUpThread | None = None
+
+    def attach(self, store: FeatureStore) -> None:
+        if self._warm_up is not None:
+            return
+        # Row sources (pingpong.rowsource) are fetched and copied, never gathered here.
+        tables = [table.byte_rows for table in store.all_tables if isinstance(table, HostTable)]
+        self._warm_up = start_warm_up(
+            lambda should_stop: warm_up_cpu(tables, should_stop=should_stop)
+        )
+
+    def detach(self) -> None:
+        warm_up = self._warm_up
+        if warm_up is not None:
+            # Stops at its next step; waits for the step in progress (one
+            # compilation or cache load) at most WARM_UP_JOIN_S.
+            warm_up.stop(WARM_UP_JOIN_S)
+
+    @property
+    def warm_up(self) -> WarmUpThread | None:
+        """The warm-up started by :meth:`attach` (None before it)."""
+        return self._warm_up
 
     @property
     def torch_device(self) -> torch.device:
@@ -56,7 +96,20 @@ class CPUDevice(Device):
         return None
 
     def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
-        gather_rows_cpu_unchecked(table.byte_rows, ids, byte_rows(out).numpy())
+        out_rows = byte_rows(out)
+        out_np = out_rows.numpy()
+        warm_up = self._warm_up
+        if (
+            warm_up is not None
+            and not warm_up.done.is_set()
+            and not gather_is_ready(table.byte_rows, ids, out_np)
+        ):
+            # This specialisation is still being loaded: the same bytes, without a JIT.
+            if len(ids):
+                index = torch.from_numpy(ids if ids.flags.writeable else ids.copy())
+                torch.index_select(byte_rows(table.tensor), 0, index, out=out_rows)
+            return
+        gather_rows_cpu_unchecked(table.byte_rows, ids, out_np)
 
     def record(self) -> Event:
         return COMPLETED

@@ -10,9 +10,12 @@ import numba
 import numpy as np
 
 from ..errors import IdRangeError, IdShapeError, IdTypeError, TableError
+from . import _warmup
 
 #: Id dtypes the kernels accept.
 ID_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+#: Id dtypes whose one-pass bounds kernel a warm-up compiled (:func:`warm_up_id_bounds`).
+_bounds_ready: set[np.dtype] = set()
 
 
 def check_id_array(ids: np.ndarray, name: str = "ids") -> None:
@@ -78,10 +81,41 @@ def _id_bounds(ids):  # type: ignore[no-untyped-def]  # pragma: no cover - compi
     return lo, hi
 
 
+def id_dtype(dtype: object) -> np.dtype:
+    """``dtype`` as one of :data:`ID_DTYPES`, or :class:`IdTypeError`."""
+    try:
+        resolved = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError:
+        raise IdTypeError(f"not a NumPy dtype: {dtype!r}") from None
+    if resolved not in ID_DTYPES:
+        raise IdTypeError(f"ids must have dtype int32 or int64, got {resolved}")
+    return resolved
+
+
+def warm_up_id_bounds(dtype: object) -> tuple[object, ...]:
+    """Compile (or load from the disk cache) the bounds kernel for 1-D C ids of ``dtype``.
+
+    Returns the Numba signature. Safe from any thread (Numba's compiler lock).
+    """
+    resolved = id_dtype(dtype)
+    signature = (numba.typeof(np.empty(1, resolved)),)
+    _id_bounds.compile(signature)
+    _bounds_ready.add(resolved)
+    return signature
+
+
 def check_id_range(ids: np.ndarray, num_rows: int, name: str = "ids") -> None:
-    """Raise :class:`IdRangeError` unless every id lies in ``[0, num_rows)``."""
+    """Raise :class:`IdRangeError` unless every id lies in ``[0, num_rows)``.
+
+    One Numba pass for (min, max). While a warm-up (:mod:`._warmup`) is still
+    compiling and this dtype's pass is not ready, NumPy's ``min``/``max`` are
+    used instead, so a batch never waits behind Numba's compiler.
+    """
     if ids.size == 0:
         return
-    lo, hi = _id_bounds(ids)
+    if _warmup.in_progress and ids.dtype not in _bounds_ready:
+        lo, hi = ids.min(), ids.max()
+    else:
+        lo, hi = _id_bounds(ids)
     if lo < 0 or hi >= num_rows:
         raise_out_of_range(ids, num_rows, name)

@@ -1,18 +1,32 @@
 """CPU gather kernel: ``out[i] = table[ids[i]]`` with Numba, many threads, no GIL.
 
 Rows are copied as raw machine words (the widest integer type that divides
-the row's byte size), so the kernel is dtype-agnostic and bit-exact: NaN
-payloads, negative zeros and bfloat16 bit patterns arrive unchanged.
+the row's byte size and the addresses of both ``table`` and ``out``), so the
+kernel is dtype-agnostic and bit-exact: NaN payloads, negative zeros and
+bfloat16 bit patterns arrive unchanged.
+
+Compiled code is cached on disk (``cache=True``: ``__pycache__`` next to this
+file, or Numba's user-wide cache directory when that is not writable), and
+:func:`warm_up_cpu` compiles or loads exactly the specialisations a gather
+will use -- one per (word width, id dtype) -- ahead of the first batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import numba
 import numpy as np
 
-from .._numba_threads import parallel_launch_lock
+from .._numba_threads import must_serialise, parallel_launch_lock
 from ..errors import TableError
-from ._checks import check_gather_shapes, check_id_array, check_id_range
+from ._checks import (
+    check_gather_shapes,
+    check_id_array,
+    check_id_range,
+    id_dtype,
+    warm_up_id_bounds,
+)
 
 #: Rows per parallel work item: large enough to amortise scheduling, small
 #: enough to balance two to a few dozen threads on 100k-row batches.
@@ -33,28 +47,53 @@ def _gather_words(table, ids, out, rows_per_chunk):  # pragma: no cover - compil
                 out[i, j] = table[row, j]
 
 
-def as_words(rows: np.ndarray) -> np.ndarray:
-    """View a C-contiguous 2-D array as rows of the widest fitting integer word.
+#: Word dtype per word size; ``as_words`` views rows as these.
+_WORDS: dict[int, np.dtype] = {
+    8: np.dtype(np.int64),
+    4: np.dtype(np.int32),
+    2: np.dtype(np.int16),
+    1: np.dtype(np.uint8),
+}
 
-    The view shares memory with ``rows``; its row count is unchanged.
+
+def word_bytes(row_bytes: int, *addresses: int) -> int:
+    """The widest word (8, 4, 2 or 1 bytes) dividing ``row_bytes`` and every address."""
+    for size in (8, 4, 2):
+        if row_bytes % size == 0 and all(address % size == 0 for address in addresses):
+            return size
+    return 1
+
+
+def _address(rows: np.ndarray) -> int:
+    return int(rows.__array_interface__["data"][0])
+
+
+def as_words(rows: np.ndarray, size: int | None = None) -> np.ndarray:
+    """View a C-contiguous 2-D array as rows of ``size``-byte integer words.
+
+    ``size=None`` picks the widest word fitting the row size and the
+    array's address (:func:`word_bytes`). The view shares memory with
+    ``rows``; its row count is unchanged.
     """
     row_bytes = rows.shape[1] * rows.dtype.itemsize
-    for word in (np.int64, np.int32, np.int16):
-        size = np.dtype(word).itemsize
-        if row_bytes % size == 0 and rows.ctypes.data % size == 0:
-            return rows.view(word).reshape(rows.shape[0], row_bytes // size)
-    return rows.view(np.uint8).reshape(rows.shape[0], row_bytes)
+    if size is None:
+        size = word_bytes(row_bytes, _address(rows))
+    words: np.ndarray = rows.view(_WORDS[size])
+    return words.reshape(rows.shape[0], row_bytes // size)
 
 
 def gather_rows_cpu_unchecked(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
     """Gather without checks: callers must have validated ``ids`` and shapes.
 
-    ``table`` and ``out`` must be C-contiguous 2-D arrays of one dtype.
+    ``table`` and ``out`` must be C-contiguous 2-D arrays of one dtype. Both
+    are viewed with the *same* word, one that suits both addresses (a table
+    that starts off a word boundary is copied in narrower words).
     """
     if ids.shape[0] == 0 or table.shape[1] == 0:
         return
+    size = word_bytes(table.shape[1] * table.dtype.itemsize, _address(table), _address(out))
     with parallel_launch_lock():
-        _gather_words(as_words(table), ids, as_words(out), _ROWS_PER_CHUNK)
+        _gather_words(as_words(table, size), ids, as_words(out, size), _ROWS_PER_CHUNK)
 
 
 def gather_rows_cpu(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
@@ -85,3 +124,95 @@ def gather_rows_cpu(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None
         raise TableError("out must be writeable")
     check_id_range(ids, table.shape[0])
     gather_rows_cpu_unchecked(table, ids, out)
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+def gather_signature(size: int, ids: object) -> tuple[object, ...]:
+    """The Numba signature of the gather over ``size``-byte words with ``ids``' dtype."""
+    words = numba.typeof(np.empty((1, 1), dtype=_WORDS[size]))
+    id_array = numba.typeof(np.empty(1, dtype=id_dtype(ids)))
+    return (words, id_array, words, numba.typeof(_ROWS_PER_CHUNK))
+
+
+def _table_word(table: int | np.ndarray) -> int:
+    """The word a gather from ``table`` into a slot will use (slots are 64-byte aligned)."""
+    if isinstance(table, np.ndarray):
+        if table.ndim != 2:
+            raise TableError(f"warm-up tables must be 2-D byte rows, got shape {table.shape}")
+        return word_bytes(table.shape[1] * table.dtype.itemsize, _address(table))
+    if isinstance(table, bool) or not isinstance(table, int | np.integer) or table < 1:
+        raise TableError(f"a row size must be a positive int, got {table!r}")
+    return word_bytes(int(table))
+
+
+#: The id dtypes a loader warms up, most common first (DGL and torch default to int64).
+WARM_UP_ID_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+#: (word bytes, id dtype) of every gather specialisation a warm-up made ready.
+_ready: set[tuple[int, np.dtype]] = set()
+
+
+def gather_is_ready(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> bool:
+    """True if a warm-up made ready the specialisation this gather would run."""
+    size = word_bytes(table.shape[1] * table.dtype.itemsize, _address(table), _address(out))
+    return (size, ids.dtype) in _ready
+
+
+def warm_up_cpu(
+    tables: Iterable[int | np.ndarray],
+    id_dtypes: Iterable[object] = WARM_UP_ID_DTYPES,
+    *,
+    threading_layer: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[tuple[object, ...]]:
+    """Compile, or load from the disk cache, what a CPU gather over ``tables`` will run.
+
+    Args:
+        tables: for each table, its row size in bytes (the table assumed to
+            start on an 8-byte boundary, as torch allocates), or the table's
+            2-D C-contiguous array (its address counts too: see
+            :func:`word_bytes`).
+        id_dtypes: the id dtypes batches will carry (int64 and/or int32), in
+            the order to warm them up.
+        threading_layer: also start Numba's threading layer (pingpong's
+            thread-safe choice, :mod:`pingpong._numba_threads`) and compile its probe.
+        should_stop: checked between steps; return True to end early.
+
+    Per id dtype, in order: its id-bounds check, (before the first gather)
+    the threading layer, then the gather for every word width the tables
+    need -- the specialisations the loader's ``gather="cpu"`` (and
+    ``"staged"``) calls hit. Each step is one compilation or cache load
+    under Numba's compiler lock; nothing is launched except the threading
+    layer's probe. Safe from any thread. Each gather made ready is recorded
+    (:func:`gather_is_ready`) as soon as it is, so a caller can use it
+    before the rest are done.
+
+    Returns:
+        The signatures of the gather specialisations made ready (all of them
+        unless stopped early).
+
+    Raises:
+        IdTypeError: an id dtype other than int32/int64.
+        TableError: a row size that is not a positive int, or a table that is not 2-D.
+    """
+    stop = should_stop or (lambda: False)
+    dtypes = list(dict.fromkeys(id_dtype(d) for d in id_dtypes))
+    sizes = sorted({_table_word(table) for table in tables}, reverse=True)
+    ready: list[tuple[object, ...]] = []
+    layer_started = not threading_layer
+    for dtype in dtypes:
+        if stop():
+            return ready
+        warm_up_id_bounds(dtype)
+        if not layer_started and not stop():
+            must_serialise()
+            layer_started = True
+        for size in sizes:
+            if stop():
+                return ready
+            signature = gather_signature(size, dtype)
+            _gather_words.compile(signature)
+            _ready.add((size, dtype))
+            ready.append(signature)
+    return ready

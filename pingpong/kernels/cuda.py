@@ -33,6 +33,11 @@ Contracts:
   docstring says they synchronise. ``out`` holds the rows once the stream's
   work up to this call has completed.
 
+Compiled kernels are cached on disk (``cache=True``: one entry per compute
+capability, next to this file or in Numba's user-wide cache directory), and
+:func:`warm_up_cuda` compiles or loads the gather kernel's specialisations for
+a loader's tables before the first batch.
+
 Under ``NUMBA_ENABLE_CUDASIM=1`` the same kernels run in Numba's simulator, on
 Numba's fake device arrays or plain NumPy arrays, with small default grids.
 Without a GPU and without the simulator this module still imports; the gather
@@ -46,11 +51,12 @@ pingpong's own launches: :func:`_launch`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -72,10 +78,12 @@ __all__ = [
     "GatherPlan",
     "check_ids_in_range",
     "default_max_blocks",
+    "gather_kernel_signature",
     "gather_rows_cuda",
     "gather_rows_cuda_unchecked",
     "is_simulator",
     "plan_gather",
+    "warm_up_cuda",
 ]
 
 #: A Numba device array (real or simulated), an object exposing
@@ -485,7 +493,7 @@ def plan_gather(
 # --------------------------------------------------------------------------- kernels
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _gather_kernel(  # pragma: no cover - compiled (or simulated thread by thread)
     table,
     out,
@@ -546,7 +554,7 @@ def _gather_kernel(  # pragma: no cover - compiled (or simulated thread by threa
         k += groups
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _minmax_kernel(ids, result):  # pragma: no cover - compiled
     """``result[0] = min(result[0], ids...)``, ``result[1] = max(...)`` (atomics)."""
     n = ids.shape[0]
@@ -730,3 +738,93 @@ def gather_rows_cuda(
         threads_per_row=threads_per_row,
         threads_per_block=threads_per_block,
     )
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+def gather_kernel_signature(word_bytes: int, ids: object = np.int64) -> tuple[Any, ...]:
+    """Argument types of the gather kernel for ``word_bytes``-byte words and ``ids``' dtype.
+
+    What :func:`gather_rows_cuda_unchecked` launches: table and out as 2-D
+    C-contiguous unsigned words, ids and the destination rows as 1-D arrays
+    (the destination is the ids themselves, or int64 ``positions`` -- the same
+    type for int64 ids, which is what the loader stages), a bool, five int64
+    scalars.
+    """
+    from numba.core import types
+
+    if word_bytes not in _WORD_DTYPES:
+        raise ConfigError(f"word_bytes must be 1, 2, 4 or 8, got {word_bytes!r}")
+    id_type = np.dtype(ids)  # type: ignore[call-overload]
+    if id_type not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise IdTypeError(f"ids must have dtype int32 or int64, got {id_type}")
+    words = types.Array(numba.from_dtype(np.dtype(_WORD_DTYPES[word_bytes])), 2, "C")
+    id_array = types.Array(numba.from_dtype(id_type), 1, "C")
+    return (words, words, id_array, id_array, types.boolean, *([types.int64] * 5))
+
+
+def _table_word_bytes(table: int | Array) -> int:
+    """The word a gather from ``table`` (a row size, or the array the kernel reads) uses.
+
+    Slots and device tables start on 256-byte boundaries, so only the host
+    table's own address can narrow the word (see :func:`plan_gather`).
+    """
+    if isinstance(table, int | np.integer) and not isinstance(table, bool):
+        row_bytes, address = int(table), 0
+        if row_bytes < 1:
+            raise TableError(f"a row size must be a positive int, got {table!r}")
+    else:
+        if len(table.shape) != 2:
+            raise TableError(f"warm-up tables must be 2-D, got shape {tuple(table.shape)}")
+        row_bytes = int(table.shape[1]) * np.dtype(table.dtype).itemsize
+        address = _address(table)
+    return next(w for w in (8, 4, 2, 1) if row_bytes % w == 0 and address % w == 0)
+
+
+def warm_up_cuda(
+    tables: Iterable[int | Array],
+    id_dtypes: Iterable[object] = (np.int64,),
+    *,
+    device_index: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[tuple[Any, ...]]:
+    """Compile, or load from the disk cache, the gather kernels for ``tables`` on one GPU.
+
+    Args:
+        tables: per table, its row size in bytes (table assumed 8-byte
+            aligned) or the array the kernel will read (a NumPy array of
+            the host rows, or a Numba device array: its address counts).
+        id_dtypes: dtypes of the device ids; the loader stages int64.
+        device_index: the GPU to compile for (its compute capability);
+            ``None``: the calling thread's current device. From a
+            background thread, pass the loader's device index.
+        should_stop: checked between kernels; True ends the warm-up.
+
+    Nothing is launched and no memory is allocated: each kernel is compiled
+    for its exact argument types (``dispatcher.compile``), so the first
+    launch finds it. Under the simulator there is nothing to compile and
+    ``[]`` is returned.
+
+    Returns:
+        The signatures made ready.
+
+    Raises:
+        GatherModeUnavailable: no GPU (and not the simulator).
+    """
+    if is_simulator():
+        return []
+    _require_cuda()
+    stop = should_stop or (lambda: False)
+    dtypes = list(dict.fromkeys(np.dtype(d) for d in id_dtypes))  # type: ignore[call-overload]
+    sizes = sorted({_table_word_bytes(table) for table in tables}, reverse=True)
+    signatures = [gather_kernel_signature(size, dtype) for size in sizes for dtype in dtypes]
+    context = cuda.gpus[device_index] if device_index is not None else contextlib.nullcontext()
+    ready = []
+    with context:
+        for signature in signatures:
+            if stop():
+                break
+            _gather_kernel.compile(signature)
+            ready.append(signature)
+    return ready

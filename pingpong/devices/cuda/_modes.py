@@ -22,21 +22,35 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...kernels import _interop
+from ...kernels import _interop, start_warm_up, warm_up_cpu
+from ...kernels._warmup import WarmUpThread
 from ...kernels.cpu import gather_rows_cpu_unchecked
-from ...kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked
+from ...kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked, warm_up_cuda
 from ...store import FeatureStore, HostTable, byte_rows
 from ._streams import CopyStream, IdStager, Ring, capacity
 
+#: How long ``close()`` waits for a kernel warm-up's step in progress.
+WARM_UP_JOIN_S = 1.0
+
 
 class GatherMode(abc.ABC):
-    """How rows of a host table reach a slot on the GPU (see the module docstring)."""
+    """How rows of a host table reach a slot on the GPU (see the module docstring).
+
+    :meth:`attach` also starts a ``pingpong-warmup-N`` thread that compiles
+    (or loads from Numba's disk cache) the kernels the mode will launch, so
+    the first batches do not wait for the compiler; :meth:`detach` stops it.
+    """
 
     #: The ``gather=`` value this mode implements.
     name: str
 
     def __init__(self, copy: CopyStream) -> None:
         self.copy = copy
+        self.warm_up: WarmUpThread | None = None
+
+    def stop_warm_up(self) -> None:
+        if self.warm_up is not None:
+            self.warm_up.stop(WARM_UP_JOIN_S)
 
     def attach(self, store: FeatureStore) -> None:  # noqa: B027 - optional hook
         """Prepare the tables (pin them, copy them...); once per loader."""
@@ -75,6 +89,10 @@ class _KernelGather(GatherMode):
             for table in store.all_tables:
                 if isinstance(table, HostTable):  # row sources are fetched, not read here
                     self.sources[id(table)] = self.table_view(table)
+        views, index = list(self.sources.values()), self.copy.device.index
+        self.warm_up = start_warm_up(
+            lambda stop: warm_up_cuda(views, device_index=index, should_stop=stop)
+        )
 
     @abc.abstractmethod
     def table_view(self, table: HostTable) -> Any:
@@ -92,6 +110,7 @@ class _KernelGather(GatherMode):
         )
 
     def detach(self) -> None:
+        self.stop_warm_up()
         self.sources.clear()
 
 
@@ -155,6 +174,10 @@ class StagedGather(GatherMode):
         super().__init__(copy)
         self.rings: dict[int, Ring] = {}
 
+    def attach(self, store: FeatureStore) -> None:
+        rows = [t.byte_rows for t in store.all_tables if isinstance(t, HostTable)]
+        self.warm_up = start_warm_up(lambda stop: warm_up_cpu(rows, should_stop=stop))
+
     def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
         staging = self.rings.setdefault(id(table), Ring()).take()
         n = len(ids)
@@ -169,4 +192,5 @@ class StagedGather(GatherMode):
         staging.done.record(self.copy.stream)
 
     def detach(self) -> None:
+        self.stop_warm_up()
         self.rings.clear()
