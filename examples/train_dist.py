@@ -86,6 +86,7 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 if str(EXAMPLES) not in sys.path:  # sage_model, also when imported by tests/benchmarks
     sys.path.insert(0, str(EXAMPLES))
 
+from _args import fanout_list  # noqa: E402
 from sage_model import SAGE  # noqa: E402
 
 import pingpong  # noqa: E402
@@ -101,15 +102,6 @@ GRAPH_META = "pingpong-graph.json"
 
 
 # --------------------------------------------------------------------------- arguments
-def fanout_list(text: str) -> list[int]:
-    try:
-        fanouts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 10,5, got {text!r}") from None
-    if any(f == 0 or f < -1 for f in fanouts):
-        raise argparse.ArgumentTypeError(f"fanouts must be positive or -1, got {text!r}")
-    return fanouts
-
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(

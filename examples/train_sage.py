@@ -49,7 +49,6 @@ import datetime
 import hashlib
 import importlib.util
 import json
-import math
 import os
 import re
 import signal
@@ -70,6 +69,7 @@ from torch.nn import functional as F
 if importlib.util.find_spec("pingpong") is None:  # running from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _args import fanout_list, non_negative_int, positive_float, positive_int, probability
 from sage_model import MLP, SAGE
 
 import pingpong
@@ -88,46 +88,6 @@ AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 # --------------------------------------------------------------------------- arguments
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def probability(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in [0, 1), got {text}")
-    return value
-
-
-def fanout_list(text: str) -> list[int]:
-    """``"15,10,5"`` -> ``[15, 10, 5]``; each fanout positive or -1 (all neighbours)."""
-    try:
-        fanouts = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers like 15,10,5, got {text!r}") from None
-    if any(f == 0 or f < -1 for f in fanouts):
-        raise argparse.ArgumentTypeError(f"fanouts must be positive or -1, got {text!r}")
-    return fanouts
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="GraphSAGE node classification through pingpong.PingPongLoader.")

@@ -131,7 +131,12 @@ class CUDADevice(Device):
     def copy_rows(self, table: RemoteTable, rows: torch.Tensor, out: torch.Tensor) -> None:
         self._copy.pending.append(out)
         if len(rows):
-            self._copy.upload(id(table), byte_rows(rows), byte_rows(out))
+            source = byte_rows(rows)
+
+            def fill(staging: torch.Tensor) -> None:
+                staging.copy_(source)
+
+            self._copy.upload(id(table), len(rows), table.row_bytes, fill, byte_rows(out))
 
     def move_graphs(self, graphs: list[Any]) -> list[Any]:
         return [self._copy.move_graph(graph) for graph in graphs]

@@ -27,7 +27,7 @@ from ...kernels._warmup import WarmUpThread
 from ...kernels.cpu import gather_rows_cpu_unchecked
 from ...kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked, warm_up_cuda
 from ...store import FeatureStore, HostTable, byte_rows
-from ._streams import CopyStream, IdStager, Ring, capacity
+from ._streams import CopyStream, IdStager
 
 #: How long ``close()`` waits for a kernel warm-up's step in progress.
 WARM_UP_JOIN_S = 1.0
@@ -170,27 +170,15 @@ class StagedGather(GatherMode):
 
     name = "staged"
 
-    def __init__(self, copy: CopyStream) -> None:
-        super().__init__(copy)
-        self.rings: dict[int, Ring] = {}
-
     def attach(self, store: FeatureStore) -> None:
         rows = [t.byte_rows for t in store.all_tables if isinstance(t, HostTable)]
         self.warm_up = start_warm_up(lambda stop: warm_up_cpu(rows, should_stop=stop))
 
     def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
-        staging = self.rings.setdefault(id(table), Ring()).take()
-        n = len(ids)
-        if staging.host is None or staging.host.shape[0] < n:
-            staging.host = torch.empty(
-                (capacity(n), table.row_bytes), dtype=torch.uint8, pin_memory=True
-            )
-        gather_rows_cpu_unchecked(table.byte_rows, ids, staging.host[:n].numpy())
-        with torch.cuda.stream(self.copy.stream):
-            out_rows.copy_(staging.host[:n], non_blocking=True)
-        staging.done = torch.cuda.Event()
-        staging.done.record(self.copy.stream)
+        def fill(staging: torch.Tensor) -> None:
+            gather_rows_cpu_unchecked(table.byte_rows, ids, staging.numpy())
+
+        self.copy.upload(id(table), len(ids), table.row_bytes, fill, out_rows)
 
     def detach(self) -> None:
         self.stop_warm_up()
-        self.rings.clear()

@@ -15,6 +15,7 @@ back to its output position.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,18 +118,24 @@ class CopyStream:
         if isinstance(event, CudaEvent):
             self.stream.wait_event(event.event)
 
-    def upload(self, key: int, rows: torch.Tensor, out_rows: torch.Tensor) -> None:
-        """Enqueue ``out_rows[:] = rows`` (host uint8 rows) through a pinned staging ring."""
+    def upload(
+        self, key: int, n: int, row_bytes: int, fill: Callable[[torch.Tensor], None],
+        out_rows: torch.Tensor,
+    ) -> None:
+        """Enqueue ``out_rows[:n] =`` rows that ``fill`` writes into a pinned staging buffer.
+
+        ``fill(staging)`` runs now, on the host, into ``(n, row_bytes)`` uint8
+        pinned memory; the staging ring of ``key`` (one per table) is reused
+        ``STAGING_RING`` uploads later, after the copy that read it.
+        """
         staging = self.upload_rings.setdefault(key, Ring()).take()
-        n = rows.shape[0]
-        if staging.host is None or staging.host.shape[0] < n or (
-            staging.host.shape[1] != rows.shape[1]
-        ):
-            staging.host = torch.empty((capacity(n), rows.shape[1]), dtype=torch.uint8,
-                                       pin_memory=True)
-        staging.host[:n].copy_(rows)
+        host = staging.host
+        if host is None or host.shape[0] < n or host.shape[1] != row_bytes:
+            host = staging.host = torch.empty((capacity(n), row_bytes), dtype=torch.uint8,
+                                              pin_memory=True)
+        fill(host[:n])
         with torch.cuda.stream(self.stream):
-            out_rows.copy_(staging.host[:n], non_blocking=True)
+            out_rows[:n].copy_(host[:n], non_blocking=True)
         staging.done = torch.cuda.Event()
         staging.done.record(self.stream)
 
