@@ -512,10 +512,17 @@ def test_interpreter_exit_with_a_live_iterator():
             failures.append(f"{name}: an error while exiting\n{stderr}")
         lines = [line.split() for line in stdout.splitlines()]
         shutdown = [float(w[1]) for w in lines if w and w[0] == "LAST_HOOK_AFTER"]
+        warm_up_ends = [float(w[1]) for w in lines if w and w[0] == "WARM_UP_ENDED_AFTER"]
+        # One in-flight gather + a 0.5 s join, with room for load; a kernel
+        # warm-up still compiling at exit is waited for first (its step in
+        # progress: threading._shutdown runs before the atexit hooks).
+        limit = 2.0 + max([0.0, *warm_up_ends])
         if "EXITING" not in stdout or not shutdown:
             failures.append(f"{name}: no exit marks in {stdout!r}\n{stderr}")
-        elif shutdown[0] > 2.0:  # one in-flight gather + a 0.5 s join, with room for load
-            failures.append(f"{name}: pingpong's shutdown took {shutdown[0]:.2f} s")
+        elif shutdown[0] > limit:
+            failures.append(
+                f"{name}: pingpong's shutdown took {shutdown[0]:.2f} s (limit {limit:.2f} s)"
+            )
     assert not failures, "\n".join(failures)
 
 

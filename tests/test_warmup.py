@@ -419,3 +419,38 @@ def test_at_interpreter_exit_stop_only_asks(monkeypatch):
         release.set()
         warm_up.stop()
     assert asked.is_set()
+
+
+_EXIT_DURING_A_STEP = """
+import sys, time
+from pingpong.kernels import start_warm_up
+
+def two_steps(should_stop):
+    time.sleep(1.0)  # the step in progress when the script ends: a compilation
+    print("STEP 1 DONE", flush=True)
+    if should_stop():
+        print("STOPPED BEFORE STEP 2", flush=True)
+        return
+    print("STEP 2 RAN", flush=True)
+
+start_warm_up(two_steps)
+time.sleep(0.2)
+print("LEAVING", flush=True)
+"""
+
+
+def test_interpreter_exit_waits_for_the_step_in_progress_then_stops_the_warm_up():
+    """A script ending while a warm-up compiles: the interpreter lets the step
+    finish (a thread killed inside Numba's compiler at finalisation can abort the
+    whole process) and the warm-up starts no other step."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_DURING_A_STEP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:3] == ["LEAVING", "STEP 1 DONE", "STOPPED BEFORE STEP 2"], (
+        proc.stdout + proc.stderr
+    )
+    assert "STEP 2 RAN" not in proc.stdout

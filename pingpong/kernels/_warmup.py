@@ -17,12 +17,17 @@ Contract:
 - :meth:`WarmUpThread.stop` asks the work to stop at its next step (each step
   is one compilation or cache load, which cannot be interrupted) and joins
   the thread, so no warm-up thread outlives the device that started it;
-- the thread is a daemon, like the producers: interpreter exit does not wait
-  for a compilation (seconds in a fresh process). When the interpreter starts
-  shutting down (``threading._register_atexit``, where it exists) every
-  warm-up is asked to stop, so none starts another step, and from then on
+- the thread is **not** a daemon. When the interpreter starts shutting down
+  (``threading._register_atexit``: before it joins non-daemon threads) every
+  warm-up is asked to stop, so none starts another step, and the interpreter
+  then waits for the step in progress (one compilation or cache load, about
+  a second at most in a fresh process) before it finalises. A daemon thread
+  caught inside Numba's compiler by finalisation is killed where it stands,
+  and a thread unwound through LLVM's C++ frames aborts the whole process
+  ("terminate called without an active exception", seen in CI); waiting for
+  one step is the price of never crashing at exit. From then on
   :meth:`WarmUpThread.stop` no longer joins (loader finalisers run at exit:
-  they must not wait for a compilation). Known wart, from
+  the interpreter's own join does the waiting). Known wart, from
   CPython itself (gh-128130, fixed in 3.14): a thread that runs
   ``exec``/``eval`` of a string -- Numba's compiler does -- while the main
   thread dies of an uncaught ``KeyboardInterrupt`` makes the process exit
@@ -73,6 +78,7 @@ class WarmUpThread:
         result: what ``work`` returned (None until done, or if it failed).
         error: the exception ``work`` raised (traceback dropped), or None.
         seconds: how long the work ran (None until done).
+        finished_at: ``time.monotonic()`` when the work ended (None until done).
     """
 
     def __init__(self, work: Work, name: str | None = None) -> None:
@@ -82,8 +88,10 @@ class WarmUpThread:
         self.result: Any = None
         self.error: BaseException | None = None
         self.seconds: float | None = None
+        self.finished_at: float | None = None
+        # Not a daemon: see the module docstring (interpreter exit).
         self._thread = threading.Thread(
-            target=self._run, name=name or f"pingpong-warmup-{next(_ids)}", daemon=True
+            target=self._run, name=name or f"pingpong-warmup-{next(_ids)}", daemon=False
         )
 
     @property
@@ -125,6 +133,7 @@ class WarmUpThread:
         with _lock:
             _running.discard(self)
             in_progress = bool(_running)
+        self.finished_at = time.monotonic()
         self.done.set()
 
     def stop(self, timeout: float | None = None) -> bool:
@@ -145,7 +154,12 @@ class WarmUpThread:
 
 
 def _stop_all() -> None:
-    """At interpreter exit (``threading._shutdown``): ask every warm-up to stop."""
+    """At interpreter exit (``threading._shutdown``): ask every warm-up to stop.
+
+    ``threading._shutdown`` runs this before it joins non-daemon threads, so
+    each warm-up ends with its step in progress and the interpreter finalises
+    with no thread inside Numba's compiler.
+    """
     global _exiting
     _exiting = True
     with _lock:

@@ -2,7 +2,10 @@
 
 Usage: ``python exit_with_live_iterator.py SCENARIO``; prints ``EXITING``
 right before leaving, and ``LAST_HOOK_AFTER <seconds>`` from the last exit
-hook (pingpong's own shutdown work lies between the two).  Scenarios:
+hook (pingpong's own shutdown work lies between the two), and
+``WARM_UP_ENDED_AFTER <seconds>`` for each kernel warm-up still running at
+``EXITING`` (the interpreter waits for its step in progress; see
+:mod:`pingpong.kernels._warmup`).  Scenarios:
 
 - ``stalled-source``: the producer is blocked inside a hung source;
 - ``waiting-for-slot``: the training loop holds a batch, the producer waits
@@ -25,16 +28,24 @@ import threading
 import time
 
 _marked: list[float] = []
+_warm_ups_at_exit: list = []
 
 
 @atexit.register  # registered first, so it runs after every other exit hook
 def _report() -> None:
     if _marked:
         print(f"LAST_HOOK_AFTER {time.monotonic() - _marked[0]:.3f}", flush=True)
+    for warm_up in _warm_ups_at_exit:
+        if warm_up.finished_at is not None:
+            print(f"WARM_UP_ENDED_AFTER {warm_up.finished_at - _marked[0]:.3f}", flush=True)
 
 
 def mark_exiting() -> None:
+    from pingpong.kernels import _warmup
+
     _marked.append(time.monotonic())
+    with _warmup._lock:
+        _warm_ups_at_exit.extend(_warmup._running)
     print("EXITING", flush=True)
 
 
