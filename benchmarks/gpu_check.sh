@@ -6,7 +6,8 @@
 # The default steps (no STEP given) -- limits 8.6 minutes in all; a normal run
 # takes about 5 -- are what docs/benchmarks/gpu-latest.json reports:
 #   tests [120]    the CUDA tests: tests/test_cuda.py, the kernel tests on the real GPU
-#                  (test_kernels_cudasim.py, test_sorted_gather_cudasim.py), per-node-type
+#                  (test_kernels_cudasim.py, test_sorted_gather_cudasim.py, the cache's
+#                  hit-and-miss gather test_cached_gather_cudasim.py), per-node-type
 #                  tables (test_heterogeneous.py), auto's choice (test_gather_choice.py),
 #                  the CUDA warm-up (test_warmup.py's cuda case), no process-wide side
 #                  effects (test_import_side_effects.py)
@@ -115,7 +116,7 @@ for step in $steps; do
     tests)
       run tests 120 $py -m pytest -q -p no:cacheprovider -W default \
         tests/test_cuda.py tests/test_kernels_cudasim.py tests/test_sorted_gather_cudasim.py \
-        tests/test_heterogeneous.py tests/test_gather_choice.py tests/test_import_side_effects.py \
+        tests/test_cached_gather_cudasim.py tests/test_heterogeneous.py tests/test_gather_choice.py tests/test_import_side_effects.py \
         tests/test_warmup.py::test_cuda_warm_up_compiles_what_the_gather_launches ;;
     reliability)
       run reliability 180 $py -m pytest -q -p no:cacheprovider -W default -m cuda \

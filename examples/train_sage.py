@@ -75,6 +75,7 @@ from sage_model import MLP, SAGE
 import pingpong
 from pingpong.blocks import as_edge_block
 from pingpong.sources import (
+    GRAPH_KINDS,
     BuiltinLoader,
     CSRGraph,
     NeighborSampler,
@@ -125,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=positive_int, default=16)
     p.add_argument("--feat-dim", type=positive_int, default=128)
     p.add_argument("--avg-degree", type=positive_float, default=15.0)
+    p.add_argument("--graph-kind", choices=list(GRAPH_KINDS), default="powerlaw",
+                   help="synthetic degree distribution: powerlaw (Chung-Lu, exponent 2.5, "
+                        "hubs are hot rows) or uniform (Poisson degrees, no hot rows)")
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--mlp", action="store_true",
                    help="features-only baseline (same loop, the model ignores the blocks)")
@@ -212,7 +216,7 @@ def load_dataset(args: argparse.Namespace) -> Dataset:
     if args.dataset == "synthetic":
         sg = make_synthetic_graph(num_nodes=args.num_nodes, num_classes=args.num_classes,
                                   feat_dim=args.feat_dim, avg_degree=args.avg_degree,
-                                  seed=args.seed)
+                                  seed=args.seed, graph_kind=args.graph_kind)
         return Dataset(sg.features, sg.labels, sg.train_idx, sg.val_idx, sg.test_idx,
                        sg.num_classes, synthetic=sg)
     if args.dataset == "reddit":
@@ -655,7 +659,8 @@ def all_ranks_ok(ok: bool, device: torch.device) -> bool:
 def dataset_key(args: argparse.Namespace) -> str:
     """A short hash of the flags that decide the tables' contents."""
     flags = {name: str(getattr(args, name)) for name in (
-        "dataset", "num_nodes", "num_classes", "feat_dim", "avg_degree", "seed", "feat_dtype")}
+        "dataset", "num_nodes", "num_classes", "feat_dim", "avg_degree", "graph_kind", "seed",
+        "feat_dtype")}
     flags["graph"] = str(args.graph.resolve()) if args.graph is not None else ""
     return hashlib.sha256(json.dumps(flags, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -120,3 +121,37 @@ def test_feat_dtype() -> None:
 def test_validation(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         make_synthetic_graph(**kwargs)
+
+
+def _ccdf_slope(degree: torch.Tensor, lo: float, hi: float) -> float:
+    """Least-squares slope of log P(D >= x) against log x, for x in [lo, hi]."""
+    xs = torch.logspace(math.log10(lo), math.log10(hi), 12, dtype=torch.float64)
+    ys = torch.stack([(degree >= x).double().mean() for x in xs])
+    lx, ly = xs.log(), ys.log()
+    dx = lx - lx.mean()
+    return -float((dx * (ly - ly.mean())).sum() / (dx * dx).sum())
+
+
+@pytest.mark.parametrize("exponent", [2.2, 2.5, 3.0])
+def test_powerlaw_degrees_follow_the_exponent(exponent: float) -> None:
+    """The degree CCDF falls as x ** -(exponent - 1) between degree 30 and 300
+    (measured: within 0.035 of it for these three exponents, seed 3)."""
+    g = make_synthetic_graph(num_nodes=200_000, num_classes=4, feat_dim=1, avg_degree=15,
+                             power_law_exponent=exponent, seed=3)
+    degree = torch.bincount(g.dst, minlength=g.num_nodes)
+    assert abs(_ccdf_slope(degree, 30, 300) - (exponent - 1)) < 0.1
+
+
+def test_uniform_degrees_are_poisson() -> None:
+    g = make_synthetic_graph(num_nodes=200_000, num_classes=4, feat_dim=1, avg_degree=15,
+                             graph_kind="uniform", seed=3)
+    degree = torch.bincount(g.dst, minlength=g.num_nodes).double()
+    mean = float(degree.mean())
+    assert 14 < mean <= 15
+    assert abs(float(degree.var()) / mean - 1) < 0.1  # Poisson: variance = mean
+    assert float(degree.max()) < 3 * mean  # no hubs
+
+
+def test_graph_kind_is_checked() -> None:
+    with pytest.raises(ValueError, match="graph_kind"):
+        make_synthetic_graph(num_nodes=100, graph_kind="rmat")

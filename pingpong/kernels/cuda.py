@@ -452,6 +452,7 @@ def plan_gather(
     threads_per_row: int | None = None,
     threads_per_block: int = DEFAULT_THREADS_PER_BLOCK,
     max_blocks: int | None = None,
+    other_sources: Iterable[Array] = (),
 ) -> GatherPlan:
     """Choose word width, alignment window and launch shape for a gather.
 
@@ -459,10 +460,14 @@ def plan_gather(
     two covering the row's words when a row is shorter than a warp.
     ``max_blocks=None`` uses :func:`default_max_blocks`. The block shrinks to
     the threads actually needed (in whole warps) for small batches.
+    ``other_sources`` are further arrays the same launch reads rows of (a
+    device cache): the word width divides their addresses too.
     """
     _check_tuning(threads_per_row, threads_per_block, max_blocks)
     row_bytes = int(table.shape[1]) * np.dtype(table.dtype).itemsize
-    addresses = (_address(table), _address(out)) if num_ids and row_bytes else (0, 0)
+    addresses: tuple[int, ...] = (0, 0)
+    if num_ids and row_bytes:
+        addresses = (_address(table), _address(out), *(_address(a) for a in other_sources))
     word_bytes = next(
         w
         for w in (8, 4, 2, 1)
@@ -493,6 +498,60 @@ def plan_gather(
 # --------------------------------------------------------------------------- kernels
 
 
+@cuda.jit(device=True)
+def _row_group(threads_per_row):  # pragma: no cover - compiled
+    """``(first row, lane, groups)`` of this thread's group of ``threads_per_row``."""
+    tid = cuda.grid(1)
+    group = tid // threads_per_row
+    return group, tid - group * threads_per_row, cuda.gridsize(1) // threads_per_row
+
+
+@cuda.jit(device=True)
+def _destination(k, dst, use_dst):  # pragma: no cover - compiled
+    """The output row of input row ``k``: ``dst[k]`` with ``use_dst``, else ``k``."""
+    if use_dst:
+        return np.int64(dst[k])
+    return np.int64(k)
+
+
+@cuda.jit(device=True)
+def _copy_row(source, src, shift, out, d, lane, step):  # pragma: no cover - compiled
+    """One group's share of ``out[d] = source[src]``; ``lane`` in ``[0, step)``.
+
+    ``shift`` is the row's head shift (:func:`_shift_words`), so every pass of
+    ``step`` words reads whole aligned windows; ``UNROLL`` windows per pass.
+    """
+    row_words = source.shape[1]
+    last = row_words - 1
+    end = shift + row_words
+    base = 0
+    while base < end:
+        p0 = base + lane
+        p1 = p0 + step
+        p2 = p1 + step
+        p3 = p2 + step
+        # Loads first (clamped into the row: same aligned windows), then stores.
+        v0 = source[src, min(max(p0 - shift, 0), last)]
+        v1 = v0
+        v2 = v0
+        v3 = v0
+        if base + step < end:
+            v1 = source[src, min(p1 - shift, last)]
+        if base + 2 * step < end:
+            v2 = source[src, min(p2 - shift, last)]
+        if base + 3 * step < end:
+            v3 = source[src, min(p3 - shift, last)]
+        if p0 >= shift and p0 < end:
+            out[d, p0 - shift] = v0
+        if p1 < end:
+            out[d, p1 - shift] = v1
+        if p2 < end:
+            out[d, p2 - shift] = v2
+        if p3 < end:
+            out[d, p3 - shift] = v3
+        base += UNROLL * step
+
+
 @cuda.jit(cache=True)
 def _gather_kernel(  # pragma: no cover - compiled (or simulated thread by thread)
     table,
@@ -507,50 +566,14 @@ def _gather_kernel(  # pragma: no cover - compiled (or simulated thread by threa
     threads_per_row,
 ):
     """Each group of ``threads_per_row`` threads copies rows ``k, k + groups, ...``:
-    ``out[dst[k] if use_dst else k] = table[ids[k]]``, ``UNROLL`` windows per pass.
+    ``out[dst[k] if use_dst else k] = table[ids[k]]``.
     """
-    n = ids.shape[0]
-    row_words = table.shape[1]
-    last = row_words - 1
-    tid = cuda.grid(1)
-    group = tid // threads_per_row
-    lane = tid - group * threads_per_row
-    groups = cuda.gridsize(1) // threads_per_row
-    step = threads_per_row
-    k = group
-    while k < n:
+    k, lane, groups = _row_group(threads_per_row)
+    while k < ids.shape[0]:
         src = np.int64(ids[k])
-        d = np.int64(k)
-        if use_dst:
-            d = np.int64(dst[k])
+        d = _destination(k, dst, use_dst)
         shift = _shift_words_device(table_offset, src, row_bytes, word_bytes, align_bytes)
-        end = shift + row_words
-        base = 0
-        while base < end:
-            p0 = base + lane
-            p1 = p0 + step
-            p2 = p1 + step
-            p3 = p2 + step
-            # Loads first (clamped into the row: same aligned windows), then stores.
-            v0 = table[src, min(max(p0 - shift, 0), last)]
-            v1 = v0
-            v2 = v0
-            v3 = v0
-            if base + step < end:
-                v1 = table[src, min(p1 - shift, last)]
-            if base + 2 * step < end:
-                v2 = table[src, min(p2 - shift, last)]
-            if base + 3 * step < end:
-                v3 = table[src, min(p3 - shift, last)]
-            if p0 >= shift and p0 < end:
-                out[d, p0 - shift] = v0
-            if p1 < end:
-                out[d, p1 - shift] = v1
-            if p2 < end:
-                out[d, p2 - shift] = v2
-            if p3 < end:
-                out[d, p3 - shift] = v3
-            base += UNROLL * step
+        _copy_row(table, src, shift, out, d, lane, threads_per_row)
         k += groups
 
 

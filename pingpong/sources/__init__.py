@@ -14,9 +14,10 @@ Any re-iterable of DGL-style triples is a valid source for
 from __future__ import annotations
 
 from .builtin import BuiltinLoader, CSRGraph, NeighborSampler, SampledTriple
-from .synthetic import SyntheticGraph, make_synthetic_graph
+from .synthetic import GRAPH_KINDS, SyntheticGraph, make_synthetic_graph
 
 __all__ = [
+    "GRAPH_KINDS",
     "BuiltinLoader",
     "CSRGraph",
     "NeighborSampler",

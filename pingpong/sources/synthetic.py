@@ -3,10 +3,16 @@
 The graph is built so that neighbour aggregation matters, which makes it a
 useful check that a pipeline really delivers the right features and blocks:
 
-- **Skewed degrees.** Each node gets a Pareto weight (exponent
-  ``power_law_exponent``, capped); edges pick both endpoints in proportion to
-  the weights (a Chung-Lu graph), so a few hubs have hundreds of neighbours
-  and most nodes a handful.
+- **Skewed degrees** (``graph_kind="powerlaw"``, the default). Each node gets
+  a Pareto weight ``w`` with ``P(w > x) = x ** -(power_law_exponent - 1)``,
+  capped at ``sqrt(N * avg_degree) / 4``; edges pick both endpoints in
+  proportion to the weights (a Chung-Lu graph), so the expected degree is
+  proportional to the weight: the degree distribution has density exponent
+  ``power_law_exponent`` (2.5 by default: real graphs such as ogbn-products
+  and Reddit lie between 2 and 3), a few hubs have hundreds of neighbours and
+  most nodes a handful. Under neighbour sampling the hubs are the hot rows a
+  feature cache keeps. ``graph_kind="uniform"`` gives every node the same
+  weight instead (Poisson degrees, no hot rows: a control).
 - **Communities = labels.** With probability ``homophily`` an edge stays
   inside its first endpoint's label community; otherwise its second endpoint
   is drawn from the whole graph.
@@ -29,7 +35,10 @@ import torch
 
 from .builtin import CSRGraph
 
-__all__ = ["SyntheticGraph", "make_synthetic_graph"]
+__all__ = ["GRAPH_KINDS", "SyntheticGraph", "make_synthetic_graph"]
+
+#: The degree distributions :func:`make_synthetic_graph` generates.
+GRAPH_KINDS = ("powerlaw", "uniform")
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +109,7 @@ def make_synthetic_graph(
     homophily: float = 0.6,
     feature_signal: float = 0.15,
     power_law_exponent: float = 2.5,
+    graph_kind: str = "powerlaw",
     train_frac: float = 0.3,
     val_frac: float = 0.05,
     test_frac: float = 0.1,
@@ -114,7 +124,10 @@ def make_synthetic_graph(
             the feature table.
         homophily: probability that an edge stays inside its community.
         feature_signal: class-centre scale relative to unit noise.
-        power_law_exponent: Pareto exponent of the degree weights (> 2).
+        power_law_exponent: density exponent of the degree distribution (> 2;
+            ``graph_kind="powerlaw"`` only).
+        graph_kind: ``"powerlaw"`` (Chung-Lu, skewed) or ``"uniform"`` (equal
+            weights: Poisson degrees).
         train_frac, val_frac, test_frac: split sizes; the rest is unlabelled
             for training purposes (its labels still exist).
 
@@ -137,6 +150,8 @@ def make_synthetic_graph(
         raise ValueError(f"feat_dtype must be a floating torch dtype, got {feat_dtype!r}")
     if not 0.0 <= homophily <= 1.0:
         raise ValueError(f"homophily must lie in [0, 1], got {homophily!r}")
+    if graph_kind not in GRAPH_KINDS:
+        raise ValueError(f"graph_kind must be one of {GRAPH_KINDS}, got {graph_kind!r}")
     if not power_law_exponent > 2.0:
         raise ValueError(f"power_law_exponent must be > 2, got {power_law_exponent!r}")
     fracs = (train_frac, val_frac, test_frac)
@@ -149,8 +164,11 @@ def make_synthetic_graph(
 
     # Chung-Lu endpoints with capped Pareto weights (float64 CDFs: exact enough).
     uniform = torch.rand(n, generator=gen, dtype=torch.float64)
-    weights = (1.0 - uniform).pow(-1.0 / (power_law_exponent - 1.0))
-    weights.clamp_(max=max(1.0, (n * max(avg_degree, 1.0)) ** 0.5 / 4.0))
+    if graph_kind == "uniform":
+        weights = torch.ones(n, dtype=torch.float64)
+    else:
+        weights = (1.0 - uniform).pow(-1.0 / (power_law_exponent - 1.0))
+        weights.clamp_(max=max(1.0, (n * max(avg_degree, 1.0)) ** 0.5 / 4.0))
     cdf = torch.cumsum(weights, 0)
     order = torch.sort(labels, stable=True).indices
     class_cdf = torch.cumsum(weights[order], 0)

@@ -1,0 +1,127 @@
+"""Which rows a sampler gathers most: counting ids and choosing the hot rows.
+
+On real graphs (power-law degrees) a few percent of the nodes appear in most
+sampled batches. A feature cache keeps those rows in device memory; this
+module is the part of it that needs no GPU: it counts the ids a loader
+gathers, and picks the rows a cache of a given size should hold.
+
+- :class:`RowCounter` counts how often each row of one table was gathered.
+  One ``index_add_`` per batch; the ids are checked against the table's
+  length first, so a bad id never touches the counts.
+- :meth:`RowCounter.hottest` returns the ``k`` rows counted most (most
+  counted first, ties broken by the lower id, so the choice is the same on
+  every machine); rows never counted are never chosen.
+- :func:`rows_within` converts a byte budget into a number of rows.
+- :func:`hit_rate` says which share of some gathered ids a given set of rows
+  would have served (the measure ``benchmarks/cache_hit_rate.py`` reports).
+
+A cache filled with the hottest rows of the epoch it serves is the best any
+*static* cache of that size can do for that epoch; a cache learned from the
+previous epoch is what a loader can actually have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from .errors import ConfigError, IdRangeError, IdTypeError
+
+__all__ = ["RowCounter", "hit_rate", "rows_within"]
+
+_INT_DTYPES = (torch.int64, torch.int32)
+
+
+def _checked_ids(ids: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``ids`` as a 1-D int64 CPU tensor, after checking type, shape and range."""
+    if not isinstance(ids, torch.Tensor):
+        raise IdTypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.dtype not in _INT_DTYPES:
+        raise IdTypeError(f"ids must be int64 or int32, got {ids.dtype}")
+    if ids.dim() != 1:
+        raise IdTypeError(f"ids must be 1-D, got shape {tuple(ids.shape)}")
+    ids = ids.to(device="cpu", dtype=torch.int64)
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= num_rows):
+        bad = ids[(ids < 0) | (ids >= num_rows)][0]
+        raise IdRangeError(f"id {int(bad)} is outside the table's {num_rows} rows")
+    return ids
+
+
+class RowCounter:
+    """How often each of a table's ``num_rows`` rows was gathered.
+
+    Attributes:
+        counts: int64 ``(num_rows,)``; ``counts[i]`` is how many times row
+            ``i`` was passed to :meth:`add`.
+        total: the sum of ``counts`` (every id added, duplicates included).
+    """
+
+    def __init__(self, num_rows: int) -> None:
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 0:
+            raise ConfigError(f"num_rows must be a non-negative int, got {num_rows!r}")
+        self.num_rows = num_rows
+        self.counts = torch.zeros(num_rows, dtype=torch.int64)
+        self.total = 0
+        self._ones = torch.ones(0, dtype=torch.int64)
+
+    def add(self, ids: torch.Tensor) -> None:
+        """Count one batch's ids (1-D int64/int32, any device).
+
+        Raises:
+            IdTypeError: not a 1-D integer tensor.
+            IdRangeError: an id is negative or ``>= num_rows``; nothing is counted.
+        """
+        ids = _checked_ids(ids, self.num_rows)
+        if len(ids) > len(self._ones):
+            self._ones = torch.ones(len(ids), dtype=torch.int64)
+        self.counts.index_add_(0, ids, self._ones[: len(ids)])
+        self.total += len(ids)
+
+    def add_all(self, batches: Iterable[torch.Tensor]) -> None:
+        """:meth:`add` each tensor of ``batches``."""
+        for ids in batches:
+            self.add(ids)
+
+    def hottest(self, k: int) -> torch.Tensor:
+        """The ids of the (at most) ``k`` most counted rows, most counted first.
+
+        Ties go to the lower id; rows with a count of 0 are left out, so fewer
+        than ``k`` ids come back when fewer rows were ever counted.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"k must be a non-negative int, got {k!r}")
+        order = torch.sort(self.counts, descending=True, stable=True).indices[:k]
+        return order[self.counts[order] > 0]
+
+    def reset(self) -> None:
+        """Forget every count."""
+        self.counts.zero_()
+        self.total = 0
+
+
+def rows_within(budget_bytes: int, row_bytes: int, num_rows: int) -> int:
+    """How many whole rows of ``row_bytes`` fit in ``budget_bytes`` (at most ``num_rows``)."""
+    for name, value in (("budget_bytes", budget_bytes), ("row_bytes", row_bytes),
+                        ("num_rows", num_rows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} must be a non-negative int, got {value!r}")
+    if row_bytes == 0:
+        return num_rows
+    return min(num_rows, budget_bytes // row_bytes)
+
+
+def hit_rate(hot_ids: torch.Tensor, counts: torch.Tensor) -> float:
+    """The share of gathered rows a cache holding ``hot_ids`` would have served.
+
+    ``counts`` is a :attr:`RowCounter.counts` (how often each row was
+    gathered); duplicates in ``hot_ids`` count once. 0.0 when nothing was
+    gathered.
+    """
+    total = int(counts.sum())
+    if total == 0:
+        return 0.0
+    hot_ids = _checked_ids(hot_ids, len(counts))
+    held = torch.zeros(len(counts), dtype=torch.bool)
+    held[hot_ids] = True
+    return int(counts[held].sum()) / total

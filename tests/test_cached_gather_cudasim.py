@@ -1,0 +1,179 @@
+"""One gather for cache hits and misses, under Numba's CUDA simulator.
+
+Every output is compared bit for bit with ``table[ids]``: every dtype, odd row
+widths, 0%, part and 100% of the rows cached, duplicates, an empty batch, the
+sorted-scatter composition (``positions``), and a hit count checked against a
+count by hand. Bad arguments raise before any launch and leave ``out`` as it was.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+cuda = pytest.importorskip("numba.cuda")
+kc = importlib.import_module("pingpong.kernels.cuda")
+cached = importlib.import_module("pingpong.kernels.cuda_cached")
+errors = importlib.import_module("pingpong.errors")
+
+if not kc.is_simulator() and not cuda.is_available():
+    pytest.skip("needs NUMBA_ENABLE_CUDASIM=1 (Numba's CUDA simulator) or a CUDA GPU",
+                allow_module_level=True)
+
+SMALL = {"threads_per_block": 32, "max_blocks": 2}
+SENTINEL = 0xAB
+DTYPES = [np.float32, np.float16, np.int8, np.int64, np.uint16]
+
+
+def _table(rows: int, width: int, dtype: type, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    nbytes = rows * width * np.dtype(dtype).itemsize
+    return rng.integers(0, 256, nbytes, dtype=np.uint8).view(dtype).reshape(rows, width)
+
+
+def _out(table: np.ndarray, n: int) -> np.ndarray:
+    raw = np.full(n * table.shape[1] * table.itemsize, SENTINEL, dtype=np.uint8)
+    return raw.view(table.dtype).reshape(n, table.shape[1])
+
+
+def _same_bytes(got: np.ndarray, want: np.ndarray) -> bool:
+    return got.shape == want.shape and np.array_equal(
+        np.ascontiguousarray(got).reshape(-1).view(np.uint8),
+        np.ascontiguousarray(want).reshape(-1).view(np.uint8),
+    )
+
+
+def _cache_of(table: np.ndarray, hot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.ascontiguousarray(table[hot]), cached.build_slot_map(len(table), hot)
+
+
+def _gather(table, hot, ids, *, sort=False, count=False):
+    cache, slot_of = _cache_of(table, hot)
+    out = cuda.to_device(_out(table, len(ids)))
+    hits = cuda.to_device(np.zeros(1, dtype=np.int64)) if count else None
+    if sort:
+        values, order = torch.sort(torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+        cached.gather_rows_cached_unchecked(
+            cuda.to_device(table), cuda.to_device(cache), cuda.to_device(slot_of),
+            cuda.to_device(values.numpy()), out, positions=cuda.to_device(order.numpy()),
+            hits=hits, **SMALL,
+        )
+    else:
+        cached.gather_rows_cached(
+            cuda.to_device(table), cuda.to_device(cache), cuda.to_device(slot_of),
+            cuda.to_device(ids), out, hits=hits, **SMALL,
+        )
+    return out.copy_to_host(), (None if hits is None else int(hits.copy_to_host()[0]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.0], ids=["none", "part", "all"])
+def test_bit_identical_for_every_dtype_width_and_cached_share(dtype, share):
+    rng = np.random.default_rng(2)
+    for width in (1, 3, 33):
+        table = _table(40, width, dtype, seed=width)
+        hot = rng.permutation(40)[: round(share * 40)]
+        ids = rng.integers(0, 40, 29)
+        got, _ = _gather(table, hot, ids)
+        assert _same_bytes(got, table[ids]), f"width {width}"
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [np.array([5, 5, 5, 2, 2, 9, 5]), np.array([17]), np.arange(39, -1, -2),
+     np.zeros(12, dtype=np.int64), np.array([3, 7, 3], dtype=np.int32)],
+    ids=["duplicates", "one-id", "reversed", "all-equal", "int32"],
+)
+@pytest.mark.parametrize("sort", [False, True], ids=["unsorted", "gpu-sorted"])
+def test_duplicates_edge_cases_and_the_sorted_scatter(ids, sort):
+    table = _table(40, 7, np.float16, seed=4)
+    hot = np.array([5, 2, 39, 0, 21])
+    got, _ = _gather(table, hot, ids, sort=sort)
+    assert _same_bytes(got, table[ids])
+
+
+def test_hits_equal_a_count_by_hand():
+    rng = np.random.default_rng(6)
+    table = _table(50, 5, np.float32)
+    hot = rng.permutation(50)[:12]
+    ids = rng.integers(0, 50, 64)
+    for sort in (False, True):
+        got, hits = _gather(table, hot, ids, sort=sort, count=True)
+        assert _same_bytes(got, table[ids])
+        assert hits == sum(1 for i in ids if i in set(hot.tolist()))
+
+
+def test_rows_really_come_from_the_cache():
+    """A cache whose rows differ from the table shows which source served each row."""
+    table = _table(10, 4, np.int64)
+    hot = np.array([1, 8])
+    cache = np.full((2, 4), -7, dtype=np.int64)
+    slot_of = cached.build_slot_map(10, hot)
+    ids = np.array([0, 1, 8, 9, 1])
+    out = cuda.to_device(_out(table, len(ids)))
+    cached.gather_rows_cached(cuda.to_device(table), cuda.to_device(cache),
+                              cuda.to_device(slot_of), cuda.to_device(ids), out, **SMALL)
+    got = out.copy_to_host()
+    assert (got[[1, 2, 4]] == -7).all()
+    assert _same_bytes(got[[0, 3]], table[[0, 9]])
+
+
+def test_an_empty_batch_writes_nothing():
+    table = _table(10, 4, np.float32)
+    got, hits = _gather(table, np.array([1, 2]), np.zeros(0, dtype=np.int64), count=True)
+    assert got.shape == (0, 4)
+    assert hits == 0
+
+
+def test_build_slot_map():
+    slot_of = cached.build_slot_map(6, torch.tensor([4, 0, 2]))
+    assert slot_of.dtype == np.int32
+    assert slot_of.tolist() == [1, -1, 2, -1, 0, -1]
+    assert cached.build_slot_map(3, np.zeros(0, dtype=np.int64)).tolist() == [-1, -1, -1]
+    with pytest.raises(errors.IdRangeError):
+        cached.build_slot_map(6, np.array([1, 6]))
+    with pytest.raises(errors.IdRangeError):
+        cached.build_slot_map(6, np.array([-1]))
+    with pytest.raises(errors.TableError, match="distinct"):
+        cached.build_slot_map(6, np.array([1, 1]))
+    with pytest.raises(errors.IdTypeError):
+        cached.build_slot_map(6, np.array([[1]]))
+
+
+def _bad_calls():
+    table = _table(10, 4, np.float32)
+    cache, slot_of = _cache_of(table, np.array([3, 4]))
+    ids = np.array([1, 3, 9])
+    good = dict(table=table, cache=cache, slot_of=slot_of, ids=ids)
+    return table, [
+        ("id beyond the table and its slot map", {**good, "ids": np.array([1, 10, 2])},
+         errors.IdRangeError),
+        ("negative id", {**good, "ids": np.array([-1, 2, 3])}, errors.IdRangeError),
+        ("slot map too short", {**good, "slot_of": slot_of[:9]}, errors.TableError),
+        ("slot map of int64", {**good, "slot_of": slot_of.astype(np.int64)}, errors.TableError),
+        ("slot beyond the cache", {**good, "slot_of": np.where(slot_of == 1, 2, slot_of)
+                                   .astype(np.int32)}, errors.TableError),
+        ("slot below -1", {**good, "slot_of": np.full(10, -2, dtype=np.int32)},
+         errors.TableError),
+        ("cache of another dtype", {**good, "cache": cache.astype(np.float64)},
+         errors.TableError),
+        ("cache of another width", {**good, "cache": np.zeros((2, 5), np.float32)},
+         errors.TableError),
+        ("2-D ids", {**good, "ids": ids[None, :]}, errors.IdTypeError),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_bad_arguments_raise_before_any_launch_and_out_is_untouched(case):
+    table, cases = _bad_calls()
+    name, call, error = cases[case]
+    out = cuda.to_device(_out(table, 3))
+    with pytest.raises(error):
+        cached.gather_rows_cached(
+            cuda.to_device(call["table"]), cuda.to_device(call["cache"]),
+            cuda.to_device(call["slot_of"]), cuda.to_device(call["ids"]), out, **SMALL,
+        )
+    assert (out.copy_to_host().view(np.uint8) == SENTINEL).all(), name

@@ -1,0 +1,119 @@
+"""Counting gathered ids and choosing hot rows, checked against counts done by hand."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from pingpong.errors import ConfigError, IdRangeError, IdTypeError, PingPongError
+from pingpong.hotrows import RowCounter, hit_rate, rows_within
+
+
+def _batches(seed: int = 0, n: int = 500, count: int = 20) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    # Skewed ids with duplicates, an empty batch and int32 ids among them.
+    batches = [(torch.rand(int(torch.randint(1, 300, (1,), generator=gen)), generator=gen) ** 3
+                * n).long() for _ in range(count)]
+    batches.append(torch.empty(0, dtype=torch.int64))
+    batches.append(torch.tensor([n - 1, 0, 0], dtype=torch.int32))
+    return batches
+
+
+def test_counts_equal_a_count_by_hand() -> None:
+    batches = _batches()
+    counter = RowCounter(500)
+    counter.add_all(batches)
+    by_hand = Counter(int(i) for b in batches for i in b)
+    assert counter.counts.tolist() == [by_hand.get(i, 0) for i in range(500)]
+    assert counter.total == sum(by_hand.values())
+
+
+def test_hottest_is_most_counted_first_ties_to_the_lower_id_and_never_unseen() -> None:
+    counter = RowCounter(10)
+    counter.add(torch.tensor([7, 7, 7, 3, 3, 9, 9, 1, 5]))
+    assert counter.hottest(3).tolist() == [7, 3, 9]  # 3 and 9 tie at 2: 3 first
+    assert counter.hottest(4).tolist() == [7, 3, 9, 1]  # 1 and 5 tie at 1: 1 first
+    assert counter.hottest(10).tolist() == [7, 3, 9, 1, 5]  # rows never seen are left out
+    assert counter.hottest(0).tolist() == []
+
+
+def test_hottest_matches_a_sort_by_hand() -> None:
+    batches = _batches(seed=3)
+    counter = RowCounter(500)
+    counter.add_all(batches)
+    by_hand = Counter(int(i) for b in batches for i in b)
+    ranked = sorted(by_hand, key=lambda i: (-by_hand[i], i))
+    for k in (1, 10, 50, 1000):
+        assert counter.hottest(k).tolist() == ranked[:k]
+
+
+@pytest.mark.parametrize(
+    ("ids", "error"),
+    [
+        (torch.tensor([1, 2, 10]), IdRangeError),
+        (torch.tensor([-1, 2]), IdRangeError),
+        (torch.tensor([1.0, 2.0]), IdTypeError),
+        (torch.tensor([[1, 2]]), IdTypeError),
+        ([1, 2], IdTypeError),
+    ],
+)
+def test_bad_ids_are_refused_before_anything_is_counted(ids, error) -> None:
+    counter = RowCounter(10)
+    counter.add(torch.tensor([4, 4]))
+    with pytest.raises(error) as info:
+        counter.add(ids)
+    assert isinstance(info.value, PingPongError)
+    assert counter.counts.tolist() == [0, 0, 0, 0, 2, 0, 0, 0, 0, 0]
+    assert counter.total == 2
+
+
+def test_reset_forgets_every_count() -> None:
+    counter = RowCounter(4)
+    counter.add(torch.tensor([0, 1, 1]))
+    counter.reset()
+    assert counter.counts.tolist() == [0, 0, 0, 0]
+    assert counter.total == 0
+    assert counter.hottest(4).tolist() == []
+
+
+def test_hit_rate_equals_a_count_by_hand() -> None:
+    batches = _batches(seed=5)
+    counter = RowCounter(500)
+    counter.add_all(batches)
+    hot = torch.tensor([0, 1, 2, 3, 499, 2])  # a duplicate counts once
+    held = {0, 1, 2, 3, 499}
+    gathered = [int(i) for b in batches for i in b]
+    expected = sum(1 for i in gathered if i in held) / len(gathered)
+    assert hit_rate(hot, counter.counts) == pytest.approx(expected, abs=1e-12)
+    assert hit_rate(torch.arange(500), counter.counts) == 1.0
+    assert hit_rate(torch.empty(0, dtype=torch.int64), counter.counts) == 0.0
+    assert hit_rate(hot, torch.zeros(500, dtype=torch.int64)) == 0.0
+
+
+def test_hottest_rows_are_the_best_static_choice() -> None:
+    """No other set of k rows serves more of the counted ids."""
+    batches = _batches(seed=7)
+    counter = RowCounter(500)
+    counter.add_all(batches)
+    best = hit_rate(counter.hottest(25), counter.counts)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        other = torch.randperm(500, generator=gen)[:25]
+        assert hit_rate(other, counter.counts) <= best
+
+
+def test_rows_within_a_budget() -> None:
+    assert rows_within(1000, 512, 10) == 1
+    assert rows_within(10 * 512, 512, 10) == 10
+    assert rows_within(100 * 512, 512, 10) == 10  # never more than the table
+    assert rows_within(511, 512, 10) == 0
+    assert rows_within(0, 0, 7) == 7  # zero-width rows: everything fits
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError):
+            rows_within(bad, 512, 10)
+    with pytest.raises(ConfigError):
+        RowCounter(-1)
+    with pytest.raises(ConfigError):
+        RowCounter(3).hottest(-1)
