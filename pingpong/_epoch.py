@@ -26,6 +26,7 @@ from ._lifecycle import (
 )
 from ._producer import Delivery, Failure, Message, produce
 from .batch import LeasedBatch
+from .cache import FeatureCache
 from .devices.base import Device
 from .errors import BatchTimeoutError, ProducerDiedError, SlotOverwriteError
 from .forms import ItemReader
@@ -70,6 +71,7 @@ class Epoch:
         name: str,
         *,
         debug: bool = False,
+        cache: FeatureCache | None = None,
     ) -> None:
         self.device = device
         self.debug = debug
@@ -105,6 +107,7 @@ class Epoch:
                 self.write_lock,
                 stats,
                 POLL_S,
+                cache,
             ),
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ._ids import TableIds, batch_ids
+from .cache import FeatureCache
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
 from .rowsource import RemoteTable
@@ -84,8 +85,12 @@ def produce(
     write_lock: threading.Lock,
     stats: LoaderStats,
     poll_s: float,
+    cache: FeatureCache | None = None,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
+
+    With a hot-row ``cache`` (:mod:`pingpong.cache`), each fill first tells it
+    the batch's feature ids (counted in the first epoch, looked up after).
 
     Contract with the consumer:
     - a slot is written only while holding ``write_lock`` and only if ``stop``
@@ -125,10 +130,12 @@ def produce(
             with write_lock:
                 if stop.is_set():
                     return
+                cache_counts = cache.on_fill(x_ids) if cache is not None else {}
                 delivery = _fill(slot, seq, store, device, x_ids, y_ids, fetched, plan, graphs)
             t4 = time.perf_counter()
             ready_q.put(delivery)
             stats.add(
+                **cache_counts,
                 sample_s=t1 - t0,
                 validate_s=t2 - t1,
                 fetch_s=t_fetched - t2,

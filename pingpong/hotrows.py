@@ -12,6 +12,7 @@ gathers, and picks the rows a cache of a given size should hold.
   counted first, ties broken by the lower id, so the choice is the same on
   every machine); rows never counted are never chosen.
 - :func:`rows_within` converts a byte budget into a number of rows.
+- :func:`build_slot_map` maps each row to its place in a cache (or -1).
 - :func:`hit_rate` says which share of some gathered ids a given set of rows
   would have served (the measure ``benchmarks/cache_hit_rate.py`` reports).
 
@@ -23,12 +24,17 @@ previous epoch is what a loader can actually have.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+import numpy as np
 import torch
 
-from .errors import ConfigError, IdRangeError, IdTypeError
+from .errors import ConfigError, IdRangeError, IdTypeError, TableError
 
-__all__ = ["RowCounter", "hit_rate", "rows_within"]
+__all__ = ["NOT_CACHED", "RowCounter", "build_slot_map", "hit_rate", "rows_within"]
+
+#: ``slot_of`` entry of a row that is not cached (:func:`build_slot_map`).
+NOT_CACHED = -1
 
 _INT_DTYPES = (torch.int64, torch.int32)
 
@@ -125,3 +131,27 @@ def hit_rate(hot_ids: torch.Tensor, counts: torch.Tensor) -> float:
     held = torch.zeros(len(counts), dtype=torch.bool)
     held[hot_ids] = True
     return int(counts[held].sum()) / total
+
+
+def build_slot_map(num_rows: int, hot_ids: Any) -> np.ndarray:
+    """The host int32 ``slot_of`` for a cache holding ``hot_ids`` (in that order).
+
+    Raises:
+        IdTypeError: ``hot_ids`` is not a 1-D integer array.
+        IdRangeError: an id is outside ``[0, num_rows)``.
+        TableError: an id appears twice, or more than 2**31 - 1 rows are cached.
+    """
+    hot = np.asarray(hot_ids.cpu().numpy() if hasattr(hot_ids, "cpu") else hot_ids)
+    if hot.ndim != 1 or (hot.size and not np.issubdtype(hot.dtype, np.integer)):
+        raise IdTypeError(f"hot_ids must be 1-D integers, got {hot.dtype} of shape {hot.shape}")
+    if len(hot) > np.iinfo(np.int32).max:
+        raise TableError(f"at most {np.iinfo(np.int32).max} rows can be cached, got {len(hot)}")
+    hot = hot.astype(np.int64, copy=False)
+    if len(hot) and (int(hot.min()) < 0 or int(hot.max()) >= num_rows):
+        bad = hot[(hot < 0) | (hot >= num_rows)][0]
+        raise IdRangeError(f"hot id {int(bad)} is outside the table's {num_rows} rows")
+    if len(np.unique(hot)) != len(hot):
+        raise TableError("hot_ids must be distinct: a row is cached once")
+    slot_of = np.full(num_rows, NOT_CACHED, dtype=np.int32)
+    slot_of[hot] = np.arange(len(hot), dtype=np.int32)
+    return slot_of

@@ -13,6 +13,7 @@ import torch
 
 from ._epoch import Epoch, EpochIterator
 from ._lifecycle import LoaderCore
+from .cache import make_feature_cache
 from .devices import Device, make_device
 from .errors import ConfigError
 from .forms import FormCallable, ItemReader
@@ -87,6 +88,17 @@ class PingPongLoader(Iterable[Any]):
             ``batch.x[t]`` is ``features[t][input_nodes[t]]`` and ``batch.y[t]``
             is ``labels[t][output_nodes[t]]``; node types without a table are
             passed through untouched (e.g. for learned embeddings).
+        cache_bytes: device memory for a cache of hot feature rows (``0``: none),
+            with ``gather="zerocopy"`` on CUDA: the cached rows are read from
+            device memory, the rest over PCIe, in one kernel; batches are
+            bit-identical either way.  Which rows: ``hot_ids``, or else the
+            rows the first epoch gathered most (counted by the producer; the
+            cache is built when the second epoch starts).  One feature tensor
+            only.  See :mod:`pingpong.cache`; ``loader.stats`` reports the hit
+            rate.
+        hot_ids: rows to cache, hottest first (e.g. nodes by descending
+            degree); the first ``cache_bytes // row_bytes`` are cached before
+            the first batch.
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -112,6 +124,8 @@ class PingPongLoader(Iterable[Any]):
         heterogeneous: bool = False,
         edge_labels: torch.Tensor | RowSource | None = None,
         form: FormCallable | None = None,
+        cache_bytes: int = 0,
+        hot_ids: torch.Tensor | None = None,
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
@@ -146,10 +160,13 @@ class PingPongLoader(Iterable[Any]):
             device, gather, gather_threads, sort_ids, table_bytes
         )
         try:
+            self._cache = make_feature_cache(self._store, self._device, cache_bytes, hot_ids)
             self._device.attach(self._store)
             self._slots: list[Slot] = make_slots(
                 self._store, num_buffers, self._device.initial_event
             )
+            if self._cache is not None:
+                self._cache.build_if_ready(self._device)  # hot_ids: before the first batch
         except BaseException:
             self._device.close()  # no finaliser exists yet to release it
             raise
@@ -171,8 +188,17 @@ class PingPongLoader(Iterable[Any]):
             self._timeout,
             self._name,
             debug=self._debug,
+            cache=self._cache,
         )
-        self._core = LoaderCore(new_epoch, self._device)
+        cache, device = self._cache, self._device
+
+        def start_epoch() -> Epoch:
+            # The previous producer is retired by now: no fill runs during a build.
+            if cache is not None:
+                cache.build_if_ready(device)
+            return new_epoch()
+
+        self._core = LoaderCore(start_epoch, self._device)
         self._finalizer = weakref.finalize(self, self._core.close)
 
     # -- iteration -----------------------------------------------------------
@@ -235,9 +261,11 @@ class PingPongLoader(Iterable[Any]):
 
         See :mod:`pingpong.stats` for every key.
         """
+        cache = self._cache
         return self._stats.snapshot(
             slot_bytes=sum(slot.nbytes for slot in self._slots),
             slot_grows=sum(slot.grow_count for slot in self._slots),
+            cache_rows=cache.rows if cache is not None and cache.built else 0,
         )
 
     def reset_stats(self) -> None:

@@ -23,6 +23,12 @@ key                   meaning
                       [0, 1]); 1.0 means the loop never waited for data
 ``gather_gbps``       ``bytes_gathered / gather_s / 1e9`` (CPU: achieved gather
                       bandwidth; CUDA: issue rate, not bandwidth)
+``cache_rows``        feature rows held by the hot-row cache (0: no cache, or
+                      not built yet; :mod:`pingpong.cache`)
+``cache_lookups``     feature rows gathered while the cache existed
+``cache_hits``        those served from the cache (not over PCIe)
+``cache_hit_rate``    ``cache_hits / cache_lookups`` (0.0 before any lookup)
+``cache_bytes_saved`` ``cache_hits * row_bytes``
 ``slot_bytes``        device memory held by all slots now
 ``slot_grows``        how many times a slot buffer was (re)allocated
 ``wall_s``            seconds since the loader was created
@@ -53,6 +59,9 @@ class LoaderStats:
         "fetch_s",
         "gather_s",
         "consumer_stall_s",
+        "cache_lookups",
+        "cache_hits",
+        "cache_bytes_saved",
     )
 
     def __init__(self) -> None:
@@ -77,14 +86,20 @@ class LoaderStats:
             for key, amount in amounts.items():
                 self._values[key] += amount
 
-    def snapshot(self, slot_bytes: int = 0, slot_grows: int = 0) -> dict[str, Any]:
+    def snapshot(
+        self, slot_bytes: int = 0, slot_grows: int = 0, cache_rows: int = 0
+    ) -> dict[str, Any]:
         """A consistent copy of every counter plus derived figures."""
         with self._lock:
             values: dict[str, Any] = dict(self._values)
             wall = time.perf_counter() - self._t0
             cpu = self._cpu_seconds() - self._cpu0
-        for key in ("epochs", "batches", "rows_gathered", "bytes_gathered"):
+        for key in ("epochs", "batches", "rows_gathered", "bytes_gathered", "cache_lookups",
+                    "cache_hits", "cache_bytes_saved"):
             values[key] = int(values[key])
+        values["cache_rows"] = int(cache_rows)
+        lookups = values["cache_lookups"]
+        values["cache_hit_rate"] = values["cache_hits"] / lookups if lookups else 0.0
         busy = values["sample_s"] + values["validate_s"] + values["fetch_s"] + values["gather_s"]
         values["producer_busy_s"] = busy
         if busy > 0:

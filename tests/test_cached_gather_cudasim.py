@@ -17,6 +17,7 @@ import torch
 cuda = pytest.importorskip("numba.cuda")
 kc = importlib.import_module("pingpong.kernels.cuda")
 cached = importlib.import_module("pingpong.kernels.cuda_cached")
+hotrows = importlib.import_module("pingpong.hotrows")
 errors = importlib.import_module("pingpong.errors")
 
 if not kc.is_simulator() and not cuda.is_available():
@@ -47,7 +48,7 @@ def _same_bytes(got: np.ndarray, want: np.ndarray) -> bool:
 
 
 def _cache_of(table: np.ndarray, hot: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return np.ascontiguousarray(table[hot]), cached.build_slot_map(len(table), hot)
+    return np.ascontiguousarray(table[hot]), hotrows.build_slot_map(len(table), hot)
 
 
 def _gather(table, hot, ids, *, sort=False, count=False):
@@ -111,7 +112,7 @@ def test_rows_really_come_from_the_cache():
     table = _table(10, 4, np.int64)
     hot = np.array([1, 8])
     cache = np.full((2, 4), -7, dtype=np.int64)
-    slot_of = cached.build_slot_map(10, hot)
+    slot_of = hotrows.build_slot_map(10, hot)
     ids = np.array([0, 1, 8, 9, 1])
     out = cuda.to_device(_out(table, len(ids)))
     cached.gather_rows_cached(cuda.to_device(table), cuda.to_device(cache),
@@ -129,18 +130,18 @@ def test_an_empty_batch_writes_nothing():
 
 
 def test_build_slot_map():
-    slot_of = cached.build_slot_map(6, torch.tensor([4, 0, 2]))
+    slot_of = hotrows.build_slot_map(6, torch.tensor([4, 0, 2]))
     assert slot_of.dtype == np.int32
     assert slot_of.tolist() == [1, -1, 2, -1, 0, -1]
-    assert cached.build_slot_map(3, np.zeros(0, dtype=np.int64)).tolist() == [-1, -1, -1]
+    assert hotrows.build_slot_map(3, np.zeros(0, dtype=np.int64)).tolist() == [-1, -1, -1]
     with pytest.raises(errors.IdRangeError):
-        cached.build_slot_map(6, np.array([1, 6]))
+        hotrows.build_slot_map(6, np.array([1, 6]))
     with pytest.raises(errors.IdRangeError):
-        cached.build_slot_map(6, np.array([-1]))
+        hotrows.build_slot_map(6, np.array([-1]))
     with pytest.raises(errors.TableError, match="distinct"):
-        cached.build_slot_map(6, np.array([1, 1]))
+        hotrows.build_slot_map(6, np.array([1, 1]))
     with pytest.raises(errors.IdTypeError):
-        cached.build_slot_map(6, np.array([[1]]))
+        hotrows.build_slot_map(6, np.array([[1]]))
 
 
 def _bad_calls():

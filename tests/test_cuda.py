@@ -267,3 +267,32 @@ def test_custom_form_on_gpu():
         for batch, item in zip(loader, items, strict=True):
             assert isinstance(batch, pingpong.CustomBatch)
             assert _host_equal(batch.x, features[item["nodes"]])
+
+
+@pytest.mark.parametrize("how", ["hot_ids", "learned"])
+@pytest.mark.parametrize(
+    ("dtype", "row_shape"), [(torch.float32, (128,)), (torch.float16, (7,))], ids=str
+)
+def test_zerocopy_with_a_hot_row_cache_is_bit_identical(how, dtype, row_shape):
+    """Cached rows from device memory, the rest over PCIe, in one kernel (pingpong.cache)."""
+    features = (torch.randn((N, *row_shape)) * 50).to(dtype)
+    source = make_triples(N, 10, max_inputs=3000)
+    row_bytes = features[0].numel() * features.element_size()
+    extra = {"hot_ids": torch.arange(0, N, 3)} if how == "hot_ids" else {}
+    with PingPongLoader(source, features, device="cuda", gather="zerocopy",
+                        cache_bytes=400 * row_bytes, **extra) as loader:
+        for _ in range(3):
+            for batch, (inputs, _outputs, _blocks) in zip(loader, source, strict=True):
+                assert _host_equal(batch.x, features[inputs])
+        stats = loader.stats
+    assert stats["cache_rows"] == 400
+    assert 0 < stats["cache_hits"] < stats["cache_lookups"]
+
+
+def test_the_cache_is_not_used_when_the_tables_are_on_the_gpu():
+    features = torch.randn(N, 8)
+    with PingPongLoader(make_triples(N, 3), features, device="cuda", gather="device",
+                        cache_bytes=1 << 20) as loader:
+        for _batch in loader:
+            pass
+        assert loader.stats["cache_rows"] == 0

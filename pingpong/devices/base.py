@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..rowsource import RemoteTable
 from ..store import FeatureStore, HostTable, byte_rows
 
@@ -93,6 +94,19 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
         """Copy stream: enqueue ``out[:] = table[ids]`` (ids already validated)."""
+
+    @property
+    def supports_cache(self) -> bool:
+        """Whether :meth:`set_cache` works (the hot-row cache, :mod:`pingpong.cache`)."""
+        return False
+
+    def set_cache(self, table: HostTable, hot_ids: np.ndarray) -> None:
+        """Copy stream: from the next :meth:`gather` on, serve ``table``'s rows
+        ``hot_ids`` (int64, distinct, in range; slot ``i`` holds row
+        ``hot_ids[i]``) from device memory, bit-identically.  Called while no
+        fill runs; replaces an earlier cache of ``table``.
+        """
+        raise ConfigError(f"gather mode {self.gather_mode!r} has no feature cache")
 
     def copy_rows(self, table: RemoteTable, rows: torch.Tensor, out: torch.Tensor) -> None:
         """Copy stream: enqueue ``out[:] = rows`` -- rows fetched from a row source

@@ -262,6 +262,10 @@ class FakeAsyncDevice(Device):
             0,
         )
         self.fault_times: list[float] = []
+        #: id(table) -> (cached byte rows, slot of every row or -1): set_cache's builds.
+        self._caches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        #: Rows the copy stream served from a cache so far (for tests).
+        self.cache_hits = 0
         self._closed = False
         self.copy_stream = _Stream(f"{name}-copy", seed, max_delay_s)
         self.consumer_stream = _Stream(
@@ -326,6 +330,22 @@ class FakeAsyncDevice(Device):
         if isinstance(event, FakeEvent):
             self.copy_stream.put("wait", event)
 
+    @property
+    def supports_cache(self) -> bool:
+        return True
+
+    def set_cache(self, table: HostTable, hot_ids: np.ndarray) -> None:
+        """Copy stream: copy the hot rows into "device memory" (a separate array)."""
+        hot = np.array(hot_ids, dtype=np.int64, copy=True)
+        rows = table.byte_rows
+
+        def build() -> None:
+            slot_of = np.full(len(rows), -1, dtype=np.int64)
+            slot_of[hot] = np.arange(len(hot))
+            self._caches[id(table)] = (rows[hot].copy(), slot_of)
+
+        self.copy_stream.put("call", (build, None))
+
     def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
         self._host_call("gather")
         # Like a CUDA device, take the ids now (the kernel runs later).
@@ -334,7 +354,16 @@ class FakeAsyncDevice(Device):
         out_rows = byte_rows(out).numpy()
 
         def run() -> None:
-            if len(staged):
+            cache = self._caches.get(id(table))  # set by a build earlier on this stream
+            if cache is not None and len(staged):
+                cached_rows, slot_of = cache
+                slots = slot_of[staged]
+                hit = slots >= 0
+                out_rows[hit] = cached_rows[slots[hit]]
+                out_rows[~hit] = rows[staged[~hit]]
+                with self._lock:
+                    self.cache_hits += int(np.count_nonzero(hit))
+            elif len(staged):
                 np.take(rows, staged, axis=0, out=out_rows)
 
         self._pending.append(out)

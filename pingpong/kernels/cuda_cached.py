@@ -12,7 +12,7 @@ id sort (``positions``).
 
 Contracts:
 
-- :func:`build_slot_map` checks the hot ids (1-D, distinct, in range) and
+- :func:`~pingpong.hotrows.build_slot_map` checks the hot ids (1-D, distinct, in range) and
   returns the host ``slot_of``: ``slot_of[hot_ids[i]] == i``, ``-1`` elsewhere;
   the caller fills ``cache[i] = table[hot_ids[i]]`` (the ``i``-th row of
   ``table[hot_ids]``).
@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IdRangeError, IdTypeError, TableError
+from ..errors import TableError
+from ..hotrows import NOT_CACHED, build_slot_map
 from ._checks import check_gather_shapes, check_id_array
 from .cuda import (
     DEFAULT_THREADS_PER_BLOCK,
@@ -64,34 +65,6 @@ from .cuda import (
 )
 
 __all__ = ["build_slot_map", "gather_rows_cached", "gather_rows_cached_unchecked"]
-
-#: ``slot_of`` entry of a row that is not cached.
-NOT_CACHED = -1
-
-
-def build_slot_map(num_rows: int, hot_ids: Any) -> np.ndarray:
-    """The host int32 ``slot_of`` for a cache holding ``hot_ids`` (in that order).
-
-    Raises:
-        IdTypeError: ``hot_ids`` is not a 1-D integer array.
-        IdRangeError: an id is outside ``[0, num_rows)``.
-        TableError: an id appears twice, or more than 2**31 - 1 rows are cached.
-    """
-    hot = np.asarray(hot_ids.cpu().numpy() if hasattr(hot_ids, "cpu") else hot_ids)
-    if hot.ndim != 1 or (hot.size and not np.issubdtype(hot.dtype, np.integer)):
-        raise IdTypeError(f"hot_ids must be 1-D integers, got {hot.dtype} of shape {hot.shape}")
-    if len(hot) > np.iinfo(np.int32).max:
-        raise TableError(f"at most {np.iinfo(np.int32).max} rows can be cached, got {len(hot)}")
-    hot = hot.astype(np.int64, copy=False)
-    if len(hot) and (int(hot.min()) < 0 or int(hot.max()) >= num_rows):
-        bad = hot[(hot < 0) | (hot >= num_rows)][0]
-        raise IdRangeError(f"hot id {int(bad)} is outside the table's {num_rows} rows")
-    if len(np.unique(hot)) != len(hot):
-        raise TableError("hot_ids must be distinct: a row is cached once")
-    slot_of = np.full(num_rows, NOT_CACHED, dtype=np.int32)
-    slot_of[hot] = np.arange(len(hot), dtype=np.int32)
-    return slot_of
-
 
 @cuda.jit(cache=True)
 def _cached_gather_kernel(  # pragma: no cover - compiled (or simulated thread by thread)

@@ -123,6 +123,17 @@ class CUDADevice(Device):
     def wait_event(self, event: Event) -> None:
         self._copy.wait_event(event)
 
+    @property
+    def supports_cache(self) -> bool:
+        return isinstance(self._mode, ZeroCopyGather)
+
+    def set_cache(self, table: HostTable, hot_ids: np.ndarray) -> None:
+        if not isinstance(self._mode, ZeroCopyGather):
+            super().set_cache(table, hot_ids)
+            return
+        with torch.cuda.device(self._device):
+            self._mode.set_cache(table, hot_ids)
+
     def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
         self._copy.pending.append(out)
         if len(ids):

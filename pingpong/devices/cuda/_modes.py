@@ -22,10 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...hotrows import build_slot_map
 from ...kernels import _interop, start_warm_up, warm_up_cpu
 from ...kernels._warmup import WarmUpThread
 from ...kernels.cpu import gather_rows_cpu_unchecked
 from ...kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked, warm_up_cuda
+from ...kernels.cuda_cached import gather_rows_cached_unchecked
 from ...store import FeatureStore, HostTable, byte_rows
 from ._streams import CopyStream, IdStager
 
@@ -115,7 +117,12 @@ class _KernelGather(GatherMode):
 
 
 class ZeroCopyGather(_KernelGather):
-    """Tables page-locked in place and read over PCIe by the kernel."""
+    """Tables page-locked in place and read over PCIe by the kernel.
+
+    With a hot-row cache (:meth:`set_cache`, :mod:`pingpong.cache`) a table's
+    gathers read its cached rows from device memory and the rest over PCIe,
+    in one kernel (:func:`~pingpong.kernels.cuda_cached.gather_rows_cached_unchecked`).
+    """
 
     name = "zerocopy"
 
@@ -123,13 +130,57 @@ class ZeroCopyGather(_KernelGather):
                  max_blocks: int | None = None) -> None:
         super().__init__(copy, sort_on_gpu, max_blocks)
         self.pins: list[_interop.PinnedTable] = []
+        #: id(table) -> (cached byte rows, slot_of): device tensors, built on the copy stream.
+        self.caches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def table_view(self, table: HostTable) -> Any:
         pin = _interop.pin_in_place(table.byte_rows, table.tensor)
         self.pins.append(pin)
         return pin.array
 
+    def set_cache(self, table: HostTable, hot_ids: np.ndarray) -> None:
+        """Copy stream: gather the hot rows from the pinned table into device memory.
+
+        Every later gather of ``table`` is enqueued after this build on the
+        same stream, so none reads a half-built cache; the temporaries are
+        allocated on that stream too, so their memory is reused only by work
+        ordered after the build.
+        """
+        device = self.copy.device
+        with torch.cuda.stream(self.copy.stream):
+            hot = torch.from_numpy(np.ascontiguousarray(hot_ids, dtype=np.int64)).to(device)
+            rows = torch.empty((len(hot_ids), table.row_bytes), dtype=torch.uint8, device=device)
+            slot_of = torch.from_numpy(build_slot_map(table.num_rows, hot_ids)).to(device)
+        if len(hot_ids) and table.row_bytes:
+            gather_rows_cuda_unchecked(
+                self.sources[id(table)],
+                _interop.device_array(hot),
+                _interop.device_array(rows),
+                self.copy.numba_stream,
+                max_blocks=self.max_blocks,
+            )
+        self.caches[id(table)] = (rows, slot_of)
+
+    def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
+        cache = self.caches.get(id(table))
+        if cache is None:
+            super().gather(table, ids, out_rows)
+            return
+        rows, slot_of = cache
+        device_ids, positions = self.ids.stage(ids)
+        gather_rows_cached_unchecked(
+            self.sources[id(table)],
+            _interop.device_array(rows),
+            _interop.device_array(slot_of),
+            device_ids,
+            _interop.device_array(out_rows),
+            self.copy.numba_stream,
+            positions=positions,
+            max_blocks=self.max_blocks,
+        )
+
     def detach(self) -> None:
+        self.caches.clear()
         super().detach()
         from numba import cuda
 

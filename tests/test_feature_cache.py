@@ -1,0 +1,173 @@
+"""The hot-row feature cache through the loader, on the fake asynchronous device.
+
+The fake device implements the cache like the CUDA ``zerocopy`` mode: built on
+the copy stream, cached rows read from a separate array, the rest from the
+table (the CUDA kernel itself is tested under the simulator:
+``test_cached_gather_cudasim.py``). Every batch is compared bit for bit with
+``features[input_nodes]``; hit counts are checked against counts by hand.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from conftest import make_triples
+
+from pingpong import PingPongLoader
+from pingpong.devices.fake import FakeAsyncDevice
+from pingpong.errors import ConfigError, IdRangeError, PingPongError, TableError
+
+N = 2000
+
+
+def _skewed_triples(seed: int, count: int = 12) -> list:
+    """Batches whose ids favour low node ids (a few hot rows, like hubs)."""
+    gen = torch.Generator().manual_seed(seed)
+    triples = []
+    for _ in range(count):
+        inputs = torch.unique((torch.rand(300, generator=gen) ** 3 * N).long())
+        inputs = inputs[torch.randperm(len(inputs), generator=gen)]
+        triples.append((inputs, inputs[:20], None))
+    return triples
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.reshape(-1).view(torch.uint8),
+                                              b.reshape(-1).view(torch.uint8))
+
+
+def _fake() -> FakeAsyncDevice:
+    return FakeAsyncDevice(seed=1, max_delay_s=0.001)
+
+
+def _run_epoch(loader, triples, features) -> int:
+    count = 0
+    for batch, (inputs, _outputs, _blocks) in zip(loader, triples, strict=True):
+        loader._device.synchronize()
+        assert _same_bytes(batch.x, features[inputs])
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize(
+    ("dtype", "row_shape"),
+    [(torch.float32, (8,)), (torch.float16, (7,)), (torch.int8, (3,)), (torch.float64, (1,))],
+    ids=str,
+)
+@pytest.mark.parametrize("share", [0.0, 0.1, 1.5], ids=["nothing", "tenth", "everything"])
+def test_given_hot_ids_are_cached_before_the_first_batch(dtype, row_shape, share):
+    features = (torch.randn((N, *row_shape)) * 50).to(dtype)
+    triples = _skewed_triples(0)
+    row_bytes = features[0].numel() * features.element_size()
+    hot = torch.arange(N - 1, -1, -1)  # a deliberately poor choice: bytes stay exact
+    cache_bytes = int(share * N * row_bytes)
+    kwargs = {"cache_bytes": cache_bytes, "hot_ids": hot} if cache_bytes else {}
+    device = _fake()
+    with PingPongLoader(triples, features, device=device, **kwargs) as loader:
+        assert _run_epoch(loader, triples, features) == len(triples)
+        stats = loader.stats
+    cached = set(hot[: min(N, cache_bytes // row_bytes)].tolist())
+    expected_hits = sum(int(i) in cached for t in triples for i in t[0])
+    assert device.cache_hits == expected_hits
+    if cache_bytes:
+        assert stats["cache_rows"] == len(cached)
+        assert stats["cache_lookups"] == sum(len(t[0]) for t in triples)
+        assert stats["cache_hits"] == expected_hits
+        assert stats["cache_bytes_saved"] == expected_hits * row_bytes
+        assert stats["cache_hit_rate"] == pytest.approx(expected_hits / stats["cache_lookups"])
+    else:
+        assert (stats["cache_rows"], stats["cache_lookups"], stats["cache_hits"]) == (0, 0, 0)
+
+
+def test_the_first_epoch_counts_and_the_second_serves_its_hottest_rows():
+    features = torch.randn(N, 16)
+    triples = _skewed_triples(1)
+    k = 100
+    device = _fake()
+    with PingPongLoader(triples, features, device=device, cache_bytes=k * 16 * 4) as loader:
+        assert _run_epoch(loader, triples, features) == len(triples)
+        first = loader.stats
+        assert (first["cache_rows"], first["cache_lookups"], first["cache_hits"]) == (0, 0, 0)
+        assert device.cache_hits == 0
+        assert _run_epoch(loader, triples, features) == len(triples)
+        second = loader.stats
+    counts = Counter(int(i) for t in triples for i in t[0])
+    hottest = {i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]}
+    expected_hits = sum(counts[i] for i in hottest)  # the same batches again in epoch 2
+    assert second["cache_rows"] == k
+    assert second["cache_hits"] == expected_hits == device.cache_hits
+    assert second["cache_lookups"] == sum(counts.values())
+    assert second["cache_hit_rate"] > 4 * k / N  # skewed ids: 5% of the rows, ~25% of reads
+
+
+def test_an_epoch_cut_short_still_teaches_the_cache():
+    features = torch.randn(N, 4)
+    triples = _skewed_triples(2)
+    device = _fake()
+    with PingPongLoader(triples, features, device=device, cache_bytes=50 * 16) as loader:
+        for i, _batch in enumerate(loader):
+            if i == 1:
+                break
+        assert _run_epoch(loader, triples, features) == len(triples)
+        stats = loader.stats
+    counts = Counter(int(i) for t in triples[:2] for i in t[0])
+    hottest = {i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50]}
+    assert stats["cache_rows"] == 50
+    assert stats["cache_hits"] == sum(int(i) in hottest for t in triples for i in t[0])
+
+
+def test_labels_and_graphs_are_unaffected_and_every_epoch_is_exact():
+    features = torch.randn(N, 5).to(torch.bfloat16)
+    labels = torch.randint(0, 7, (N,))
+    triples = make_triples(N, 10, max_inputs=400)
+    with PingPongLoader(triples, features, labels, device=_fake(),
+                        cache_bytes=N * 10 // 4) as loader:
+        for _ in range(3):
+            for batch, (inputs, outputs, _b) in zip(loader, triples, strict=True):
+                loader._device.synchronize()
+                assert _same_bytes(batch.x, features[inputs])
+                assert torch.equal(batch.y, labels[outputs])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"cache_bytes": -1}, ConfigError, "cache_bytes"),
+        ({"cache_bytes": 1.5}, ConfigError, "cache_bytes"),
+        ({"cache_bytes": True}, ConfigError, "cache_bytes"),
+        ({"cache_bytes": 15}, ConfigError, "holds no row of 16 bytes"),
+        ({"hot_ids": torch.arange(3)}, ConfigError, "hot_ids needs cache_bytes"),
+        ({"cache_bytes": 64, "hot_ids": torch.tensor([1, N])}, IdRangeError, "outside"),
+        ({"cache_bytes": 64, "hot_ids": torch.tensor([1, 1])}, TableError, "distinct"),
+        ({"cache_bytes": 64, "hot_ids": torch.tensor([[1]])}, ConfigError, "1-D"),
+        ({"cache_bytes": 64, "hot_ids": torch.tensor([1.0])}, ConfigError, "1-D"),
+    ],
+)
+def test_bad_cache_arguments_are_refused_at_construction(kwargs, error, match):
+    device = _fake()
+    with pytest.raises(error, match=match) as info:
+        PingPongLoader(_skewed_triples(3), torch.randn(N, 4), device=device, **kwargs)
+    assert isinstance(info.value, PingPongError)
+    assert device.closed  # the loader that failed to construct closed its device
+
+
+def test_gather_modes_without_a_cache_say_so():
+    with pytest.raises(ConfigError, match=r"gather='zerocopy' on a CUDA device.*'cpu'"):
+        PingPongLoader(_skewed_triples(3), torch.randn(N, 4), cache_bytes=1024)
+
+
+def test_a_dict_of_tables_is_refused():
+    with pytest.raises(ConfigError, match="one feature tensor"):
+        PingPongLoader(_skewed_triples(3), {"a": torch.randn(N, 4)}, device=_fake(),
+                       cache_bytes=1024)
+
+
+def test_the_cache_stats_exist_without_a_cache():
+    """The stats keys exist even without a cache (dashboards read them)."""
+    with PingPongLoader(_skewed_triples(4), torch.randn(N, 2)) as loader:
+        stats = loader.stats
+    for key in ("cache_rows", "cache_lookups", "cache_hits", "cache_hit_rate",
+                "cache_bytes_saved"):
+        assert stats[key] == 0
