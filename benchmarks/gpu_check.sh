@@ -28,6 +28,9 @@
 #   epochs-nosort [50]  the epochs configuration, zerocopy with --sort-ids none (added
 #                  to epochs.json)
 #   epochs-small [4x60]  the example's default graph (epochs-small.json)
+#   cache [3x50]   the epochs configuration (power-law graph): zerocopy without and with
+#                  a hot-row cache of 10% of the table (--cache-bytes 51200000, learned in
+#                  epoch 1), and device-resident (epochs-cache.json; cache stats in "stats")
 # Correctness in one short session:  benchmarks/gpu_check.sh OUT tests reliability memcheck-reliability
 #
 # After the steps, always: benchmarks/gpu_latest.py writes OUT/gpu-latest.json from
@@ -86,6 +89,7 @@ run_epochs() {
     case $mode in
       plain) extra=(--loader dgl); limit_now=$first_limit ;;
       zerocopy-nosort) extra=(--gather zerocopy --sort-ids none) ;;
+      zerocopy-cache) extra=(--gather zerocopy --cache-bytes "$cache_bytes") ;;
       *) extra=(--gather "$mode") ;;
     esac
     run "$step-$mode" "$limit_now" $py examples/train_sage.py --device cuda --sampler builtin \
@@ -111,6 +115,7 @@ PY
 }
 
 large=(--num-nodes 500000 --feat-dim 256 --fanouts "10,10" --epochs 4)
+cache_bytes=51200000  # 10% of the large configuration's 500k x 256 float32 table
 for step in $steps; do
   case $step in
     tests)
@@ -147,6 +152,9 @@ for step in $steps; do
       run_epochs epochs "$out/epochs.json" 70 50 "${large[@]}" -- plain zerocopy staged device ;;
     epochs-nosort)
       run_epochs epochs "$out/epochs.json" 70 50 "${large[@]}" -- zerocopy-nosort ;;
+    cache)
+      run_epochs cache "$out/epochs-cache.json" 50 50 "${large[@]}" --graph-kind powerlaw -- \
+        zerocopy zerocopy-cache device ;;
     epochs-small)
       run_epochs epochs-small "$out/epochs-small.json" 60 60 --epochs 4 -- plain zerocopy staged device ;;
     *) echo "=== $step skipped: unknown step" | tee -a "$log"; status=1 ;;

@@ -11,7 +11,10 @@ Reads, in the run's output folder:
 - ``gather-cuda.json`` (and ``gather-cuda-32g.json``) from
   ``benchmarks/gather.py --device cuda``;
 - ``epochs.json`` from the ``epochs`` step: ``{"config": flags, "runs": {mode:
-  train_sage.py --json output}}``.
+  train_sage.py --json output}}``;
+- ``epochs-cache.json`` from the ``cache`` step (same shape; modes
+  ``zerocopy``, ``zerocopy-cache``, ``device``), reported as ``cache_epoch``
+  with the cached run's hit rate and how many times fewer rows crossed PCIe.
 
 and writes ``gpu-latest.json`` there (the fields of ``/work/shared/GPU.md``,
 plus more) -- and a copy to ``--copy-to``. A figure the run did not measure
@@ -60,7 +63,7 @@ GATHER_KINDS = {
     "pinned memcpy": "pinned_memcpy",
 }
 #: Epoch modes in epochs.json and their names in gpu-latest.json.
-EPOCH_MODES = ("plain", "zerocopy", "staged", "device", "zerocopy-nosort")
+EPOCH_MODES = ("plain", "zerocopy", "staged", "device", "zerocopy-nosort", "zerocopy-cache")
 MIN_TIMED_EPOCHS = 3
 
 
@@ -250,9 +253,24 @@ def epoch_figures(payload: dict[str, Any]) -> dict[str, Any]:
             accuracy[name] = run["test_acc"]
     if accuracy:
         figures["test_acc"] = accuracy
-    for mode in ("zerocopy", "staged", "plain"):
+    for mode in ("zerocopy", "staged", "plain", "zerocopy_cache"):
         if f"{mode}_s" in figures and "device_s" in figures:
             figures[f"{mode}_vs_device"] = figures[f"{mode}_s"] / figures["device_s"]
+    return figures
+
+
+def cache_figures(payload: dict[str, Any]) -> dict[str, Any]:
+    """:func:`epoch_figures` plus the cached run's counters (``stats`` of its JSON):
+    hit rate, and ``pcie_rows_cut`` = rows looked up / rows that still crossed PCIe."""
+    figures = epoch_figures(payload)
+    run = payload.get("runs", {}).get("zerocopy-cache")
+    stats = run.get("stats") if isinstance(run, dict) else None
+    if isinstance(stats, dict) and stats.get("cache_lookups"):
+        lookups, hits = int(stats["cache_lookups"]), int(stats.get("cache_hits", 0))
+        figures["cache_rows"] = stats.get("cache_rows")
+        figures["cache_hit_rate"] = hits / lookups
+        if lookups > hits:
+            figures["pcie_rows_cut"] = lookups / (lookups - hits)
     return figures
 
 
@@ -338,6 +356,11 @@ def build(out: Path, command: str | None = None, commit: str | None = None,
         epoch = epoch_figures(epochs)
         if any(key.endswith("_s") for key in epoch):
             result["epoch"] = epoch
+    cache = _read_json(out / "epochs-cache.json")
+    if cache:
+        cache_epoch = cache_figures(cache)
+        if any(key.endswith("_s") for key in cache_epoch):
+            result["cache_epoch"] = cache_epoch
     if steps:
         result["steps"] = {s["name"]: {k: s[k] for k in ("rc", "seconds", "limit_s", "skipped")
                                        if s.get(k) is not None} for s in steps}

@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sort-ids", choices=["auto", "gpu", "none"], default="auto",
                    help="CUDA kernel gathers: sort each batch's ids on the GPU so rows are "
                         "read in address order (auto: in zerocopy only)")
+    p.add_argument("--cache-bytes", type=non_negative_int, default=0,
+                   help="zerocopy on CUDA: bytes of GPU memory for the hottest feature rows "
+                        "(learned in the first epoch; pingpong.cache)")
     p.add_argument("--num-buffers", type=positive_int, default=2)
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--batch-size", type=positive_int, default=1024)
@@ -324,7 +327,8 @@ def make_loader(source: Iterable[Any], data: Dataset, args: argparse.Namespace,
     gather_threads = None if per_machine == 1 else max(1, cpu_count() // (2 * per_machine))
     return pingpong.PingPongLoader(source, data.features, data.labels, device=str(device),
                                    num_buffers=args.num_buffers, gather=args.gather,
-                                   gather_threads=gather_threads, sort_ids=args.sort_ids)
+                                   gather_threads=gather_threads, sort_ids=args.sort_ids,
+                                   cache_bytes=args.cache_bytes)
 
 
 # --------------------------------------------------------------------------- training
@@ -931,6 +935,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--amp fp16 needs --device cuda (use --amp bf16 on the CPU)")
     if args.sort_ids != "auto" and (args.device != "cuda" or args.gather in ("cpu", "staged")):
         parser.error("--sort-ids applies to --device cuda with --gather zerocopy, device or auto")
+    if args.cache_bytes and (args.device != "cuda" or args.gather not in ("zerocopy", "auto")
+                             or args.loader != "pingpong"):
+        parser.error("--cache-bytes applies to pingpong with --device cuda --gather zerocopy")
     if args.nprocs > 1 and args.device == "cuda" and args.nprocs > torch.cuda.device_count():
         parser.error(f"--nprocs {args.nprocs} --device cuda: this machine has "
                      f"{torch.cuda.device_count()} GPU(s), one per rank is needed")

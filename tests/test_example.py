@@ -193,7 +193,8 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Any:
     ["--fanouts", "10,x"], ["--fanouts", "10,0"], ["--fanouts", ""], ["--loader", "torch"],
     ["--epochs", "0"], ["--batch-size", "-3"], ["--gather", "gpu"], ["--amp", "fp8"],
     ["--feat-dtype", "int8"], ["--lr", "0"], ["--dropout", "1.5"], ["--no-such-flag"],
-    ["--nprocs", "0"],
+    ["--nprocs", "0"], ["--cache-bytes", "1024"], ["--cache-bytes", "-1"],
+    ["--graph-kind", "rmat"],
 ])
 def test_bad_flags_are_argparse_errors(script: Any, argv: list[str],
                                        capsys: pytest.CaptureFixture[str]) -> None:

@@ -298,3 +298,25 @@ def test_gpu_check_is_valid_bash_and_writes_gpu_latest_without_a_gpu(tmp_path):
     assert result["command"] == "bash benchmarks/gpu_check.sh OUT no-such-step"
     assert result["steps"] == {"no-such-step": {"skipped": "unknown step"}}
     assert "source_sha256" in result
+
+
+def test_the_cache_step_reports_epochs_hit_rate_and_the_pcie_cut(run_dir):
+    cached = train_result([3.0, 1.1, 1.12, 1.15])
+    cached["stats"] = {"cache_rows": 50_000, "cache_lookups": 1000, "cache_hits": 750}
+    payload = {"config": "x", "runs": {"zerocopy": train_result([2.6, 1.3, 1.3, 1.3]),
+                                       "zerocopy-cache": cached,
+                                       "device": train_result([2.4, 1.0, 1.0, 1.0])}}
+    (run_dir / "epochs-cache.json").write_text(json.dumps(payload))
+    figures = gpu_latest.build(run_dir)["cache_epoch"]
+    assert figures["zerocopy_cache_s"] == 1.12
+    assert figures["zerocopy_cache_vs_device"] == pytest.approx(1.12)
+    assert figures["zerocopy_vs_device"] == pytest.approx(1.3)
+    assert figures["cache_hit_rate"] == 0.75
+    assert figures["pcie_rows_cut"] == pytest.approx(4.0)
+    assert figures["cache_rows"] == 50_000
+    cached.pop("stats")
+    (run_dir / "epochs-cache.json").write_text(json.dumps(payload))
+    figures = gpu_latest.build(run_dir)["cache_epoch"]
+    assert "cache_hit_rate" not in figures  # not measured: absent, never zero
+    (run_dir / "epochs-cache.json").unlink()
+    assert "cache_epoch" not in gpu_latest.build(run_dir)
