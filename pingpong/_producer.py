@@ -38,7 +38,6 @@ class Delivery:
     loader's ``debug`` option).
     """
 
-    seq: int
     generation: int
     slot: Slot
     ready_event: Event
@@ -131,7 +130,7 @@ def produce(
                 if stop.is_set():
                     return
                 cache_counts = cache.on_fill(x_ids) if cache is not None else {}
-                delivery = _fill(slot, seq, store, device, x_ids, y_ids, fetched, plan, graphs)
+                delivery = _fill(slot, store, device, x_ids, y_ids, fetched, plan, graphs)
             t4 = time.perf_counter()
             ready_q.put(delivery)
             stats.add(
@@ -207,7 +206,6 @@ def _gather_all(
 
 def _fill(
     slot: Slot,
-    seq: int,
     store: FeatureStore,
     device: Device,
     x_ids: TableIds,
@@ -227,4 +225,4 @@ def _fill(
     ready_event = device.record()
     x = xs if store.is_dict else xs[None]
     y = ys.get(None) if not store.heterogeneous else (ys if ys else None)
-    return Delivery(seq, slot.generation, slot, ready_event, plan.build(moved, x, y))
+    return Delivery(slot.generation, slot, ready_event, plan.build(moved, x, y))

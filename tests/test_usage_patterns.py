@@ -10,6 +10,7 @@ asynchronous device, checking every delivered batch against the reference.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from typing import Any
@@ -460,7 +461,8 @@ class UsagePatterns(RuleBasedStateMachine):
 
 test_usage_patterns_state_machine = UsagePatterns.TestCase
 test_usage_patterns_state_machine.settings = settings(
-    max_examples=60,
+    # Fewer for mutation runs (docs/reliability.md, "Mutation testing").
+    max_examples=int(os.environ.get("PINGPONG_STATE_MACHINE_EXAMPLES", "60")),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
