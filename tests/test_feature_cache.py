@@ -180,3 +180,18 @@ def test_the_cache_stats_exist_without_a_cache():
     for key in ("cache_rows", "cache_lookups", "cache_hits", "cache_hit_rate",
                 "cache_bytes_saved"):
         assert stats[key] == 0
+
+
+def test_read_only_ids_are_counted_without_a_warning(recwarn):
+    features = torch.randn(N, 4)
+    triples = _skewed_triples(5, count=4)
+    read_only = []
+    for inputs, outputs, blocks in triples:
+        array = inputs.numpy().copy()
+        array.setflags(write=False)
+        read_only.append((array, outputs, blocks))
+    with PingPongLoader(read_only, features, device=_fake(), cache_bytes=64 * 16) as loader:
+        for _ in range(2):
+            assert _run_epoch(loader, triples, features) == len(triples)
+        assert loader.stats["cache_rows"] == 64
+    assert not [w for w in recwarn if "not writable" in str(w.message)]
