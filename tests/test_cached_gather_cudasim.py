@@ -178,3 +178,16 @@ def test_bad_arguments_raise_before_any_launch_and_out_is_untouched(case):
             cuda.to_device(call["slot_of"]), cuda.to_device(call["ids"]), out, **SMALL,
         )
     assert (out.copy_to_host().view(np.uint8) == SENTINEL).all(), name
+
+
+def test_without_a_hit_counter_nothing_but_out_is_written():
+    table = _table(30, 3, np.float32)
+    cache, slot_of = _cache_of(table, np.array([4, 7, 9]))
+    ids = np.array([4, 4, 7, 1, 9, 0])
+    device_ids, device_slots = cuda.to_device(ids), cuda.to_device(slot_of)
+    out = cuda.to_device(_out(table, len(ids)))
+    cached.gather_rows_cached(cuda.to_device(table), cuda.to_device(cache), device_slots,
+                              device_ids, out, **SMALL)
+    assert _same_bytes(out.copy_to_host(), table[ids])
+    assert np.array_equal(device_ids.copy_to_host(), ids)
+    assert np.array_equal(device_slots.copy_to_host(), slot_of)

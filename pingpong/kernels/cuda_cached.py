@@ -147,7 +147,7 @@ def gather_rows_cached_unchecked(
     dst = ids if positions is None else on_device(positions)
     count_hits = hits is not None
     if hits is None:
-        hits = on_device(np.zeros(1, dtype=np.int64))
+        hits = ids  # a placeholder of the right kind: never written without count_hits
     # An empty cache still needs a 2-D array of the table's words to launch with.
     cache_rows = cache if int(cache.shape[0]) else table[:1]
     cache_offset = _address(cache_rows) % SEGMENT_BYTES
