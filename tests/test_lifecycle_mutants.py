@@ -9,6 +9,8 @@ mutant applied.
 from __future__ import annotations
 
 import gc
+import queue
+import threading
 import time
 
 import pytest
@@ -17,6 +19,7 @@ from test_reliability import SeqSource, make_table, seq_triples
 
 import pingpong
 from pingpong._lifecycle import EpochState
+from pingpong._producer import Delivery
 from pingpong.devices.fake import FakeAsyncDevice
 from pingpong.slots import GROWTH, ROW_GRANULE, Buffer, grown_capacity
 from pingpong.sources import BuiltinLoader, CSRGraph, NeighborSampler
@@ -199,3 +202,65 @@ def test_an_unreadable_item_is_named_by_its_position():
     notes = getattr(info.value, "__notes__", [])
     assert any("while preparing batch 3;" in note for note in notes) or not hasattr(
         info.value, "add_note")
+
+
+# -- next(): states, messages and the stall counter (mutants of next_batch & co.) -----
+def test_an_exhausted_epoch_says_exhausted_and_the_stall_counter_is_a_duration():
+    with pingpong.PingPongLoader(seq_triples(N, 5), make_table()) as loader:
+        it = iter(loader)
+        assert sum(1 for _ in it) == 5
+        assert it.state is EpochState.EXHAUSTED
+        stats = loader.stats
+    assert 0.0 <= stats["consumer_stall_s"] <= stats["wall_s"]
+
+
+class _Stalls:
+    """One batch, then a source that blocks until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __iter__(self):
+        yield seq_triples(N, 1)[0]
+        self.release.wait(10)
+
+
+def test_close_from_another_thread_while_next_waits_says_how_far_it_got():
+    """The epoch ends while ``next()`` waits: the error counts the batches
+    delivered (mutant: ``ended_error(state, None)``)."""
+    source = _Stalls()
+    loader = pingpong.PingPongLoader(source, make_table())
+    it = iter(loader)
+    next(it)
+    threading.Timer(0.2, loader.close).start()
+    try:
+        with pytest.raises(pingpong.LoaderClosedError,
+                           match=r"^the PingPongLoader was closed after 1 batches of this epoch$"):
+            next(it)
+    finally:
+        source.release.set()
+    with pytest.raises(pingpong.LoaderClosedError, match=r"^this PingPongLoader is closed$"):
+        iter(loader)
+
+
+def test_a_dead_producer_is_named():
+    """``ProducerDiedError`` names the thread that died (its message was not checked)."""
+    with pingpong.PingPongLoader(seq_triples(N, 4), make_table()) as loader:
+        it = iter(loader)
+        next(it)
+        epoch = it._epoch
+        epoch.stop.set()  # the producer leaves without a terminal message, as if killed
+        epoch.thread.join(5)
+        while True:  # drain what it delivered before it saw the flag
+            try:
+                message = epoch.ready_q.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(message, Delivery):
+                break
+        with pytest.raises(pingpong.ProducerDiedError) as info:
+            next(it)
+    assert str(info.value) == (
+        f"producer thread {epoch.thread.name} exited without delivering a batch, an end "
+        "of epoch or an error"
+    )
