@@ -9,6 +9,7 @@ table (the CUDA kernel itself is tested under the simulator:
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -113,12 +114,17 @@ def test_an_epoch_cut_short_still_teaches_the_cache():
     triples = _skewed_triples(2)
     device = _fake()
     with PingPongLoader(triples, features, device=device, cache_bytes=50 * 16) as loader:
-        for i, _batch in enumerate(loader):
-            if i == 1:
-                break
+        it = iter(loader)
+        next(it)
+        next(it)  # batch 0's slot is back: the producer fills batch 2, then waits for a slot
+        deadline = time.monotonic() + 5
+        while device.calls["gather"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        it.close()  # three batches were counted, no more
+        assert device.calls["gather"] == 3
         assert _run_epoch(loader, triples, features) == len(triples)
         stats = loader.stats
-    counts = Counter(int(i) for t in triples[:2] for i in t[0])
+    counts = Counter(int(i) for t in triples[:3] for i in t[0])
     hottest = {i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:50]}
     assert stats["cache_rows"] == 50
     assert stats["cache_hits"] == sum(int(i) in hottest for t in triples for i in t[0])
