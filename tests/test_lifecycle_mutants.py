@@ -264,3 +264,26 @@ def test_a_dead_producer_is_named():
         f"producer thread {epoch.thread.name} exited without delivering a batch, an end "
         "of epoch or an error"
     )
+
+
+def test_the_producer_time_counters_are_durations():
+    """Each producer stage's seconds are positive and within the wall clock
+    (mutants: ``t1 + t0`` for ``t1 - t0``, a counter left out)."""
+    with pingpong.PingPongLoader(seq_triples(N, 8), make_table()) as loader:
+        assert sum(1 for _ in loader) == 8
+        stats = loader.stats
+    for key in ("sample_s", "validate_s", "gather_s"):
+        assert 0.0 < stats[key] <= stats["wall_s"], key
+    assert 0.0 <= stats["fetch_s"] <= stats["wall_s"]  # no row source: about zero
+    assert stats["producer_busy_s"] == pytest.approx(
+        stats["sample_s"] + stats["validate_s"] + stats["fetch_s"] + stats["gather_s"])
+
+
+def test_producer_threads_are_daemons():
+    """Documented (guide, "Shutdown"): a producer stuck in a source must not keep
+    the interpreter alive (mutants: ``daemon=False``, ``daemon=None``)."""
+    with pingpong.PingPongLoader(seq_triples(N, 4), make_table()) as loader:
+        it = iter(loader)
+        next(it)
+        assert it._epoch.thread.daemon is True
+        assert it._epoch.thread.name.startswith("pingpong-producer-")
