@@ -66,6 +66,8 @@ class FeatureCache:
         self._hot = hot_ids
         self.counter: RowCounter | None = RowCounter(table.num_rows) if hot_ids is None else None
         self.slot_of: np.ndarray | None = None  # host copy of the device slot map, once built
+        #: Rows actually cached (at most ``rows``: fewer if fewer were ever gathered).
+        self.cached_rows = 0
         self.lock = threading.Lock()
 
     @property
@@ -85,6 +87,7 @@ class FeatureCache:
             slot_of = build_slot_map(self.table.num_rows, hot)
             device.set_cache(self.table, hot)
             self.slot_of, self.counter, self._hot = slot_of, None, None
+            self.cached_rows = len(hot)
         logger.info(
             "pingpong feature cache: %d of %d rows of %r on the device (%.1f MB)",
             len(hot), self.table.num_rows, self.table.name,

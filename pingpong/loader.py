@@ -265,7 +265,7 @@ class PingPongLoader(Iterable[Any]):
         return self._stats.snapshot(
             slot_bytes=sum(slot.nbytes for slot in self._slots),
             slot_grows=sum(slot.grow_count for slot in self._slots),
-            cache_rows=cache.rows if cache is not None and cache.built else 0,
+            cache_rows=cache.cached_rows if cache is not None else 0,
         )
 
     def reset_stats(self) -> None:

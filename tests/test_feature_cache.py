@@ -201,3 +201,15 @@ def test_read_only_ids_are_counted_without_a_warning(recwarn):
             assert _run_epoch(loader, triples, features) == len(triples)
         assert loader.stats["cache_rows"] == 64
     assert not [w for w in recwarn if "not writable" in str(w.message)]
+
+
+def test_a_budget_larger_than_what_was_gathered_caches_only_rows_seen():
+    features = torch.randn(N, 4)
+    triples = [(torch.arange(10, 30), torch.arange(10, 12), None)] * 3  # 20 distinct rows
+    device = _fake()
+    with PingPongLoader(triples, features, device=device, cache_bytes=N * 16) as loader:
+        for _ in range(2):
+            assert _run_epoch(loader, triples, features) == 3
+        stats = loader.stats
+    assert stats["cache_rows"] == 20  # never-gathered rows are not cached
+    assert stats["cache_hits"] == stats["cache_lookups"] == 60
