@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -400,16 +401,21 @@ def _spawn(script: str, *args: str) -> subprocess.Popen[str]:
 
 
 def _wait_for_line(proc: subprocess.Popen[str], line: str, timeout: float) -> None:
+    """Read the child's stdout until ``line``; a silent child fails, never hangs."""
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
-    while time.monotonic() < deadline:
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([proc.stdout], [], [], remaining)[0]:
+            break  # nothing within the time left
         got = proc.stdout.readline()
         if got.strip() == line:
             return
         if not got and proc.poll() is not None:
             break
     proc.kill()
-    raise AssertionError(f"no {line!r} from the child; stderr: {proc.communicate()[1]}")
+    raise AssertionError(f"no {line!r} from the child in {timeout} s; stderr: "
+                         f"{proc.communicate()[1]}")
 
 
 def test_sigint_while_blocked_in_next():

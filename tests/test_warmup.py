@@ -454,3 +454,29 @@ def test_interpreter_exit_waits_for_the_step_in_progress_then_stops_the_warm_up(
         proc.stdout + proc.stderr
     )
     assert "STEP 2 RAN" not in proc.stdout
+
+
+_EXIT_DURING_A_STEP_THAT_NEVER_ENDS = """
+import threading, time
+from pingpong.kernels import start_warm_up
+
+start_warm_up(lambda should_stop: threading.Event().wait())  # stuck for good
+time.sleep(0.2)
+print("LEAVING", flush=True)
+"""
+
+
+def test_interpreter_exit_waits_for_a_stuck_warm_up_only_a_bounded_time():
+    """The wait at exit is bounded: a warm-up stuck for good (seen after a Ctrl-C
+    in a fresh process) delays exit by at most ``EXIT_JOIN_S``, never forever."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_DURING_A_STEP_THAT_NEVER_ENDS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "LEAVING"
+    assert _warmup.EXIT_JOIN_S <= took < _warmup.EXIT_JOIN_S + 15  # + a fresh interpreter

@@ -17,17 +17,22 @@ Contract:
 - :meth:`WarmUpThread.stop` asks the work to stop at its next step (each step
   is one compilation or cache load, which cannot be interrupted) and joins
   the thread, so no warm-up thread outlives the device that started it;
-- the thread is **not** a daemon. When the interpreter starts shutting down
-  (``threading._register_atexit``: before it joins non-daemon threads) every
-  warm-up is asked to stop, so none starts another step, and the interpreter
-  then waits for the step in progress (one compilation or cache load, about
-  a second at most in a fresh process) before it finalises. A daemon thread
-  caught inside Numba's compiler by finalisation is killed where it stands,
-  and a thread unwound through LLVM's C++ frames aborts the whole process
-  ("terminate called without an active exception", seen in CI); waiting for
-  one step is the price of never crashing at exit. From then on
-  :meth:`WarmUpThread.stop` no longer joins (loader finalisers run at exit:
-  the interpreter's own join does the waiting). Known wart, from
+- the thread is a daemon, and interpreter exit waits for it, **bounded**.
+  When the interpreter starts shutting down (``threading._register_atexit``,
+  before finalisation) every warm-up is asked to stop, so none starts
+  another step, and all are joined for up to ``EXIT_JOIN_S`` in all: the
+  step in progress (one compilation or cache load, about a second in a fresh
+  process) normally ends well within it. A daemon thread caught inside
+  Numba's compiler by finalisation is killed where it stands, and one
+  unwound through LLVM's C++ frames aborts the whole process ("terminate
+  called without an active exception", seen once in CI). The wait is bounded
+  because an unbounded one (a non-daemon warm-up) made exit hang in CI after
+  a Ctrl-C in a fresh process: a warm-up can then wait for good (on what was
+  not established; a lock the interrupted main thread left held is one
+  candidate); the process still exits after ``EXIT_JOIN_S``, with the small
+  risk above. From
+  then on :meth:`WarmUpThread.stop` no longer joins (loader finalisers run at
+  exit, after that wait). Known wart, from
   CPython itself (gh-128130, fixed in 3.14): a thread that runs
   ``exec``/``eval`` of a string -- Numba's compiler does -- while the main
   thread dies of an uncaught ``KeyboardInterrupt`` makes the process exit
@@ -64,6 +69,9 @@ _atexit_registered = False
 #: Set when the interpreter starts shutting down (see :func:`_stop_all`).
 _exiting = False
 
+#: At interpreter exit, the longest wait for the warm-ups' steps in progress.
+EXIT_JOIN_S = 5.0
+
 #: True while at least one warm-up runs (read without the lock: a stale
 #: value only means one batch takes the other path).
 in_progress = False
@@ -89,9 +97,9 @@ class WarmUpThread:
         self.error: BaseException | None = None
         self.seconds: float | None = None
         self.finished_at: float | None = None
-        # Not a daemon: see the module docstring (interpreter exit).
+        # A daemon, joined (bounded) at interpreter exit: see the module docstring.
         self._thread = threading.Thread(
-            target=self._run, name=name or f"pingpong-warmup-{next(_ids)}", daemon=False
+            target=self._run, name=name or f"pingpong-warmup-{next(_ids)}", daemon=True
         )
 
     @property
@@ -154,11 +162,11 @@ class WarmUpThread:
 
 
 def _stop_all() -> None:
-    """At interpreter exit (``threading._shutdown``): ask every warm-up to stop.
+    """At interpreter exit (``threading._shutdown``): stop every warm-up, wait a little.
 
-    ``threading._shutdown`` runs this before it joins non-daemon threads, so
-    each warm-up ends with its step in progress and the interpreter finalises
-    with no thread inside Numba's compiler.
+    Each warm-up is asked to stop, then all are joined for at most
+    ``EXIT_JOIN_S`` in all, so that normally none is inside Numba's compiler
+    when the interpreter finalises, and exit never waits for good.
     """
     global _exiting
     _exiting = True
@@ -166,6 +174,11 @@ def _stop_all() -> None:
         running = list(_running)
     for warm_up in running:
         warm_up._stop.set()
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for warm_up in running:
+        thread = warm_up._thread
+        if thread.ident is not None and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _register_atexit() -> None:
