@@ -26,11 +26,9 @@ Contract:
   Numba's compiler by finalisation is killed where it stands, and one
   unwound through LLVM's C++ frames aborts the whole process ("terminate
   called without an active exception", seen once in CI). The wait is bounded
-  because an unbounded one (a non-daemon warm-up) made exit hang in CI after
-  a Ctrl-C in a fresh process: a warm-up can then wait for good (on what was
-  not established; a lock the interrupted main thread left held is one
-  candidate); the process still exits after ``EXIT_JOIN_S``, with the small
-  risk above. From
+  so that exit can never hang on a warm-up whose step does not end (a
+  compilation waiting on a lock, say): the process then still exits after
+  ``EXIT_JOIN_S``, with the small risk above. From
   then on :meth:`WarmUpThread.stop` no longer joins (loader finalisers run at
   exit, after that wait). Known wart, from
   CPython itself (gh-128130, fixed in 3.14): a thread that runs
