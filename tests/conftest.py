@@ -72,6 +72,17 @@ def dgl():
     return pytest.importorskip("dgl")
 
 
+def default_sigint() -> None:
+    """``preexec_fn`` for a child that must react to Ctrl-C like one run from a terminal.
+
+    A process started in the background by a shell without job control (``cmd &``,
+    ``nohup``) inherits SIGINT *ignored*, and so would every child of a test run
+    started that way: Python then installs no KeyboardInterrupt handler and a
+    SIGINT does nothing. Restoring the default makes the child's Python install it.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_in_own_session(
     command: list[str],
     *,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import wait_for_no_pingpong_threads
+from conftest import default_sigint, wait_for_no_pingpong_threads
 from test_reliability import (
     DEVICE_KINDS,
     Expected,
@@ -397,6 +397,7 @@ def _spawn(script: str, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+        preexec_fn=default_sigint,  # Ctrl-C works even if this run ignores SIGINT
     )
 
 
