@@ -22,6 +22,7 @@ from .errors import (
     LoaderClosedError,
     PingPongError,
     ProducerDiedError,
+    ServerGoneError,
     SlotOverwriteError,
     TableError,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "PingPongError",
     "PingPongLoader",
     "ProducerDiedError",
+    "ServerGoneError",
     "SlotOverwriteError",
     "SubgraphBatch",
     "TableError",

@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ._lifecycle import (
@@ -72,8 +72,10 @@ class Epoch:
         *,
         debug: bool = False,
         cache: FeatureCache | None = None,
+        health: Callable[[], None] | None = None,
     ) -> None:
         self.device = device
+        self.health = health
         self.debug = debug
         self.stats = stats
         self.timeout = timeout
@@ -108,6 +110,7 @@ class Epoch:
                 stats,
                 POLL_S,
                 cache,
+                health,
             ),
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,
@@ -226,6 +229,8 @@ class Epoch:
                     return self.ready_q.get(timeout=wait)
                 except queue.Empty:
                     pass
+                if self.health is not None:
+                    self.health()  # a fetch in flight to a dead server never returns
                 if not self.thread.is_alive():
                     try:  # it may have queued its last message just before exiting
                         return self.ready_q.get_nowait()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,11 +85,15 @@ def produce(
     stats: LoaderStats,
     poll_s: float,
     cache: FeatureCache | None = None,
+    health: Callable[[], None] | None = None,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
     With a hot-row ``cache`` (:mod:`pingpong.cache`), each fill first tells it
     the batch's feature ids (counted in the first epoch, looked up after).
+    ``health`` (see the loader's ``health_check``) is called before every
+    step of the source and every row-source fetch; what it raises ends the
+    epoch like a failing source.
 
     Contract with the consumer:
     - a slot is written only while holding ``write_lock`` and only if ``stop``
@@ -108,6 +112,8 @@ def produce(
         iterator = iter(source)
         while not stop.is_set():
             t0 = time.perf_counter()
+            if health is not None:
+                health()
             try:
                 item = next(iterator)
             except StopIteration:
@@ -120,7 +126,7 @@ def produce(
             )
             graphs = place_graphs(plan.graphs, device.torch_device)
             t2 = time.perf_counter()
-            fetched = _fetch_remote(store, x_ids, y_ids)
+            fetched = _fetch_remote(store, x_ids, y_ids, health)
             t_fetched = time.perf_counter()
             slot = _take_free_slot(free_q, stop, poll_s)
             if slot is None:
@@ -170,8 +176,12 @@ def _bytes(tables: dict[str | None, Table], ids: TableIds) -> int:
 Fetched = dict[int, torch.Tensor]
 
 
-def _fetch_remote(store: FeatureStore, x_ids: TableIds, y_ids: TableIds) -> Fetched:
-    """Fetch the batch's rows from every row source (before a slot is taken).
+def _fetch_remote(
+    store: FeatureStore, x_ids: TableIds, y_ids: TableIds,
+    health: Callable[[], None] | None = None,
+) -> Fetched:
+    """Fetch the batch's rows from every row source (before a slot is taken),
+    calling ``health`` before each fetch.
 
     Keyed by ``id(table)``; a homogeneous store's tables share one id array.
     """
@@ -179,6 +189,8 @@ def _fetch_remote(store: FeatureStore, x_ids: TableIds, y_ids: TableIds) -> Fetc
     for tables, ids in ((store.tables, x_ids), (store.label_tables, y_ids)):
         for key, table in tables.items():
             if isinstance(table, RemoteTable) and key in ids:
+                if health is not None:
+                    health()
                 fetched[id(table)] = table.fetch(ids[key])
     return fetched
 

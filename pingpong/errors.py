@@ -26,6 +26,10 @@ exception                          raised when
                                    device or build (``ValueError``)
 :class:`BatchTimeoutError`         no batch arrived within ``timeout`` seconds
                                    (``TimeoutError``)
+:class:`ServerGoneError`           a DGL server this process pulls from or
+                                   samples through closed its connection
+                                   (``ConnectionError``); see
+                                   :mod:`pingpong.serverwatch`
 :class:`ProducerDiedError`         the producer thread ended without delivering
                                    an end-of-epoch marker or an exception
                                    (``RuntimeError``)
@@ -80,6 +84,15 @@ class GatherModeUnavailable(ConfigError):
 
 class BatchTimeoutError(PingPongError, TimeoutError):
     """No batch arrived within the loader's ``timeout``."""
+
+
+class ServerGoneError(PingPongError, ConnectionError):
+    """A server the source or a row source depends on has closed its connection.
+
+    Raised (on the producer thread before the next call to it, or on the
+    training thread while ``next()`` waits) instead of letting the RPC layer
+    abort the process; see :mod:`pingpong.serverwatch`.
+    """
 
 
 class ProducerDiedError(PingPongError, RuntimeError):

@@ -6,7 +6,7 @@ import functools
 import itertools
 import numbers
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -19,6 +19,7 @@ from .errors import ConfigError
 from .forms import FormCallable, ItemReader
 from .forms._dgl import restartable_dgl_loader
 from .rowsource import RowSource
+from .serverwatch import ServerWatch, dgl_server_watch
 from .slots import Slot, make_slots
 from .stats import LoaderStats
 from .store import FeatureStore, make_feature_store
@@ -99,6 +100,16 @@ class PingPongLoader(Iterable[Any]):
         hot_ids: rows to cache, hottest first (e.g. nodes by descending
             degree); the first ``cache_bytes // row_bytes`` are cached before
             the first batch.
+        health_check: a cheap, thread-safe callable that raises when something the
+            source or a row source depends on is gone (a server, a
+            connection).  It is called on the producer thread before every
+            step of the source and every row-source fetch, and on the
+            training thread every 50 ms while ``next()`` waits; what it raises
+            ends the epoch and reaches the training loop.  In a DistDGL
+            client process (after ``dgl.distributed.initialize``) the loader
+            also watches the connections to the DGL servers by itself
+            (:mod:`pingpong.serverwatch`): a dead server raises
+            :class:`~pingpong.errors.ServerGoneError`.
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -126,6 +137,7 @@ class PingPongLoader(Iterable[Any]):
         form: FormCallable | None = None,
         cache_bytes: int = 0,
         hot_ids: torch.Tensor | None = None,
+        health_check: Callable[[], None] | None = None,
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
@@ -150,6 +162,8 @@ class PingPongLoader(Iterable[Any]):
             raise ConfigError(
                 f"form must be a callable item -> (feature ids, label ids), got {form!r}"
             )
+        if health_check is not None and not callable(health_check):
+            raise ConfigError(f"health_check must be a callable, got {health_check!r}")
         self._source = source
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
@@ -170,6 +184,8 @@ class PingPongLoader(Iterable[Any]):
         except BaseException:
             self._device.close()  # no finaliser exists yet to release it
             raise
+        self._server_watch = dgl_server_watch()  # None unless this is a DistDGL client
+        health = _combine_checks(self._server_watch, health_check)
         self._stats = LoaderStats()
         self._timeout = None if timeout is None else float(timeout)
         self._debug = bool(debug)
@@ -189,6 +205,7 @@ class PingPongLoader(Iterable[Any]):
             self._name,
             debug=self._debug,
             cache=self._cache,
+            health=health,
         )
         cache, device = self._cache, self._device
 
@@ -199,7 +216,7 @@ class PingPongLoader(Iterable[Any]):
             return new_epoch()
 
         self._core = LoaderCore(start_epoch, self._device)
-        self._finalizer = weakref.finalize(self, self._core.close)
+        self._finalizer = weakref.finalize(self, _close, self._core, self._server_watch)
 
     # -- iteration -----------------------------------------------------------
     def __iter__(self) -> EpochIterator:
@@ -229,6 +246,11 @@ class PingPongLoader(Iterable[Any]):
         :class:`~pingpong.errors.LoaderClosedError` promptly.
         """
         self._finalizer()
+
+    @property
+    def server_watch(self) -> ServerWatch | None:
+        """The watch over DGL server connections (:mod:`pingpong.serverwatch`), if any."""
+        return self._server_watch
 
     @property
     def closed(self) -> bool:
@@ -277,3 +299,29 @@ class PingPongLoader(Iterable[Any]):
             f"PingPongLoader(device={str(self.device)!r}, gather={self.gather_mode!r}, "
             f"num_buffers={self.num_buffers}, closed={self.closed})"
         )
+
+
+def _combine_checks(
+    watch: ServerWatch | None, health_check: Callable[[], None] | None
+) -> Callable[[], None] | None:
+    """One callable running the server watch's check, then the user's."""
+    checks = [c for c in (watch.check if watch is not None else None, health_check) if c]
+    if not checks:
+        return None
+    if len(checks) == 1:
+        return checks[0]
+
+    def check_all() -> None:
+        for check in checks:
+            check()
+
+    return check_all
+
+
+def _close(core: LoaderCore, watch: ServerWatch | None) -> None:
+    """The loader's finaliser: stop the lifecycle, then drop the watch's descriptors."""
+    try:
+        core.close()
+    finally:
+        if watch is not None:
+            watch.close()

@@ -25,6 +25,7 @@ EXPECTED = {
     "PingPongError",
     "PingPongLoader",
     "ProducerDiedError",
+    "ServerGoneError",
     "SlotOverwriteError",
     "SubgraphBatch",
     "TableError",
@@ -60,3 +61,5 @@ def test_batch_fields_and_kernel_entry_points():
         assert issubclass(exc, pingpong.PingPongError)
     assert issubclass(pingpong.IdRangeError, IndexError)
     assert issubclass(pingpong.BatchTimeoutError, TimeoutError)
+    assert issubclass(pingpong.ServerGoneError, ConnectionError)
+    assert issubclass(pingpong.ServerGoneError, pingpong.PingPongError)

@@ -26,16 +26,28 @@ Modes (what a trainer does):
     its input nodes. ``feat`` and ``label`` are counted pulls
     (``DelayedRows``, itself a row source, around each ``DistTensor``).
 ``server-kill`` / ``server-stop``
-    Epochs with a loader ``timeout``; once rank 0 is a few steps into its
-    second epoch the launcher sends SIGKILL (``server-kill``) or SIGSTOP
+    Epochs with a loader ``timeout``, each step taking 0.2 s; in the second
+    epoch the launcher sends SIGKILL (``server-kill``) or SIGSTOP
     (``server-stop``: alive but silent) to server 1. Each trainer records the
-    exception its training loop got; the launcher records how and when every
-    trainer ended.
+    exception its training loop got and the servers its loader watched
+    (:mod:`pingpong.serverwatch`); the launcher records how and when every
+    trainer ended. ``server-stop`` stops the server once rank 0 is a few
+    steps into the epoch. ``server-kill`` kills it while no DGL message is in
+    flight: both trainers' sources hold their producer before the fourth
+    batch (the source wrapper writes ``parked-RANK`` and waits), the launcher
+    kills the server, waits for it to be gone, and writes ``resume``. (A kill
+    at any moment can land while DGL's sender thread is writing a message,
+    and then DGL aborts the process whatever pingpong does;
+    ``server-kill-random`` does that, for ``benchmarks/server_loss.py``.)
+``server-kill-random``
+    ``server-kill`` at whatever moment rank 0 is three steps into the second
+    epoch; the step takes ``PINGPONG_DISTDGL_STEP_S`` seconds (default 0.2).
 
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
 ``wrong-pull`` (equal: compare against the rows of the wrong ids),
 ``in-range`` (bad-id: inject ``N - 1``), ``no-timeout`` (server-stop:
-``timeout=None``), ``no-signal`` (server-*: leave the server alone, so the
+``timeout=None``), ``no-watch`` (server-*: the loader builds no server
+watch, as before pingpong had one), ``no-signal`` (server-*: leave the server alone, so the
 trainers run on to the deadline), ``leak`` (any mode: leave a process
 running, listed in ``pids.json``).
 """
@@ -69,6 +81,7 @@ SPEC = td.GraphSpec(num_nodes=12_000, feat_dim=32, num_classes=4, avg_degree=10.
 FANOUTS = [5, 5]
 BATCH_SIZE = 128
 TIMEOUT_S = 15.0  # the loader's timeout in the server modes
+MODE = ""  # this process's mode (set by main)
 BREAK = os.environ.get("PINGPONG_DISTDGL_BREAK", "")
 
 
@@ -111,6 +124,7 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     model, opt = ddp_model(feat.shape[1])
     epochs = []
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
+        watched = watched_servers(loader)
         for _ in range(2):
             kept = []
             for batch in loader:
@@ -142,8 +156,38 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     for t in module.state_dict().values():
         params.update(bits(t).numpy().tobytes())
     return {"epochs": epochs, "loader": type(loader).__name__, "stats": stats,
+            "watched": watched,
             "train_share": tr.train_nids.tolist(), "num_nodes": tr.g.num_nodes(),
             "params_sha256": params.hexdigest()}
+
+
+class ParkAt:
+    """Yields the source's items; before item ``at`` of epoch ``epoch`` (0-based) it
+    writes ``OUT/parked-RANK`` and waits (outside any DGL call) for ``OUT/resume``."""
+
+    def __init__(self, source: Any, out: Path, rank: int, epoch: int, at: int) -> None:
+        self.source, self.out, self.rank, self.epoch, self.at = source, out, rank, epoch, at
+        self.epochs = 0
+
+    def __iter__(self):
+        epoch, self.epochs = self.epochs, self.epochs + 1
+        iterator = iter(self.source)
+        i = 0
+        while True:
+            if epoch == self.epoch and i == self.at:
+                (self.out / f"parked-{self.rank}").touch()
+                while not (self.out / "resume").exists():
+                    time.sleep(0.01)
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            yield item
+            i += 1
+
+    def __len__(self) -> int:
+        return len(self.source) if hasattr(self.source, "__len__") else int(
+            self.source.expected_idxs)
 
 
 class InjectId:
@@ -185,20 +229,33 @@ def trainer_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     return result
 
 
+def watched_servers(loader: pingpong.PingPongLoader) -> list[str] | None:
+    watch = loader.server_watch
+    return None if watch is None else [f"{s.label} {s.ip}:{s.port}" for s in watch.servers]
+
+
 def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
     source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
+    if MODE == "server-kill":
+        source = ParkAt(source, out, tr.rank, epoch=1, at=3)
+    step_s = float(os.environ.get("PINGPONG_DISTDGL_STEP_S", "0.2"))
     model, opt = ddp_model(feat.shape[1])
     timeout = None if BREAK == "no-timeout" else TIMEOUT_S
     steps = 0
     record: dict[str, Any] = {"timeout": timeout}
+    if BREAK == "no-watch":
+        import pingpong.loader as loader_module
+
+        loader_module.dgl_server_watch = lambda: None  # type: ignore[assignment]
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=timeout) as loader:
+        record["watched"] = watched_servers(loader)
         try:
             for epoch in range(100):
                 for i, batch in enumerate(loader):
                     step(model, opt, batch)
                     steps += 1
-                    time.sleep(0.2)  # a slow step: the epoch lasts a few seconds
+                    time.sleep(step_s)  # a slow step: the epoch lasts a few seconds
                     if epoch == 1 and i == 2 and tr.leader:
                         (out / "mid-epoch").touch()
             record["exception"] = None
@@ -213,12 +270,15 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
 
 
 TRAINERS = {"equal": trainer_equal, "bad-id": trainer_bad_id,
-            "server-kill": trainer_server_loss, "server-stop": trainer_server_loss}
+            "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
+            "server-stop": trainer_server_loss}
 
 
 def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
     import torch.distributed as dist
 
+    global MODE
+    MODE = mode
     tr = td.init_trainer(threads=1)
     record = TRAINERS[mode](tr, out, part_dir)
     write_json(out / f"rank{tr.rank}.json", {"rank": tr.rank, "pid": os.getpid(), **record})
@@ -268,15 +328,20 @@ def wait_for_trainers(cluster: td.LocalCluster, mode: str, out: Path,
     ended: dict[str, Any] = {}
     while True:
         now = time.monotonic()
+        parked = all((out / f"parked-{p.index}").exists() for p in cluster.trainers)
+        ready = parked if mode == "server-kill" else (out / "mid-epoch").exists()
         if (disturbed_at is None and mode.startswith("server-") and BREAK != "no-signal"
-                and (out / "mid-epoch").exists()):
-            sig = signal.SIGKILL if mode == "server-kill" else signal.SIGSTOP
-            victim = cluster.servers[1].popen.pid
-            os.kill(victim, sig)
+                and ready):
+            sig = signal.SIGSTOP if mode == "server-stop" else signal.SIGKILL
+            victim = cluster.servers[1].popen
+            os.kill(victim.pid, sig)
+            if mode == "server-kill":
+                victim.wait(10)  # gone, its sockets closed: then the producers go on
+                (out / "resume").touch()
             disturbed_at = now
             deadline = min(deadline, now + TIMEOUT_S + 45.0)
             job["events"].append({"t": now - start, "signal": sig.name, "server": 1,
-                                  "pid": victim})
+                                  "pid": victim.pid})
         for p in cluster.trainers:
             code = p.popen.poll()
             if code is not None and str(p.index) not in ended:

@@ -1,0 +1,283 @@
+"""Noticing that a server the loader depends on has died, before DGL's RPC layer does.
+
+DistDGL's trainers pull rows and sample through DGL's RPC client, which keeps
+one TCP connection to every server.  When a server process dies, the kernel
+closes its end of those connections and the trainer's end goes to
+``CLOSE_WAIT``; nothing tells DGL until it next *sends* to that server, and
+then its C++ sender thread aborts the whole process (DGL 1.1 and 2.1:
+``socket_communicator.cc``, ``Check failed: tmp != -1``, SIGABRT) -- no
+Python exception, nothing for a training loop to catch.  A request that was
+already sent waits for its reply for ever.
+
+A :class:`ServerWatch` holds a duplicate of each of the process's connections
+to the servers and reads its TCP state (``TCP_INFO``: a few microseconds).
+It is checked
+
+- on the producer thread before every step of the source and every
+  row-source fetch;
+- before every message DGL sends, from any thread: while a watch is open,
+  ``dgl.distributed.rpc.send_rpc_message`` (the one function every DGL RPC
+  request goes through, documented to raise ``ConnectionError``) checks the
+  open watches first -- so no request is handed to DGL's sender thread once
+  a server's death is visible;
+- on the training thread every ``POLL_S`` while ``next()`` waits (a pull
+  already in flight to a dead server never returns).
+
+A failed check raises :class:`~pingpong.errors.ServerGoneError` (a
+``ConnectionError``), which ends the epoch and reaches the training loop.
+
+What it cannot see: a server whose *machine* vanished without closing the
+connection (power loss, a cut cable) stays ``ESTABLISHED`` until TCP gives up;
+the loader's ``timeout=`` covers that.  And a server dying while one of
+DGL's messages is in flight -- between the check in ``send_rpc_message`` and
+the socket write on DGL's sender thread: microseconds on an idle machine,
+longer when its cores are busy -- still aborts the process.  Linux only (where
+``socket.TCP_INFO`` exists); elsewhere :func:`dgl_server_watch` returns ``None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import socket
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from .errors import ServerGoneError
+
+__all__ = ["Server", "ServerWatch", "dgl_server_watch"]
+
+logger = logging.getLogger(__name__)
+
+#: ``tcpi_state`` values (linux/tcp_states.h) and their names, for messages.
+TCP_ESTABLISHED = 1
+TCP_STATE_NAMES = {
+    1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+    6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING",
+}
+
+
+@dataclass(frozen=True)
+class Server:
+    """A server as named in error messages: ``label`` (``"DGL server 1"``), ``ip``, ``port``."""
+
+    label: str
+    ip: str
+    port: int
+
+
+class ServerWatch:
+    """The TCP state of this process's connections to a set of servers.
+
+    Built from connections that exist now (see :meth:`of_connections`); it
+    keeps a duplicate file descriptor of each, so it reads the state of the
+    very socket the RPC library uses even if that library closes its own
+    descriptor and the number is reused.  Thread-safe; :meth:`close` is
+    idempotent, after it :meth:`check` does nothing.
+    """
+
+    def __init__(self, watched: list[tuple[Server, socket.socket]]) -> None:
+        self._watched = watched
+        self._servers = [server for server, _ in watched]
+        self._lock = threading.Lock()
+        self._gone: str | None = None  # the message, once a server is gone
+        self._closed = False
+
+    @classmethod
+    def of_connections(cls, servers: Iterable[Server]) -> ServerWatch:
+        """Watch every ESTABLISHED TCP connection of this process to one of ``servers``.
+
+        Raises ``ConnectionError`` naming a server this process has no
+        established connection to (so the caller can decide to watch the others).
+        """
+        servers = list(servers)
+        conns = _tcp_connections()
+        watched: list[tuple[Server, socket.socket]] = []
+        missing = []
+        try:
+            for server in servers:
+                found = [c for c in conns
+                         if c.raddr and (c.raddr.ip, c.raddr.port) == (server.ip, server.port)
+                         and c.status == psutil.CONN_ESTABLISHED and c.fd >= 0]
+                if not found:
+                    missing.append(server)
+                for conn in found:
+                    watched.append((server, socket.fromfd(conn.fd, conn.family, conn.type)))
+        except BaseException:
+            for _, sock in watched:
+                sock.close()
+            raise
+        if missing:
+            for _, sock in watched:
+                sock.close()
+            names = ", ".join(f"{s.label} ({s.ip}:{s.port})" for s in missing)
+            raise ConnectionError(f"no established TCP connection to {names}")
+        return cls(watched)
+
+    @property
+    def servers(self) -> list[Server]:
+        """The servers watched (one entry per connection; kept after :meth:`close`)."""
+        return list(self._servers)
+
+    def check(self) -> None:
+        """Raise :class:`~pingpong.errors.ServerGoneError` if a watched connection is no
+        longer ESTABLISHED (its server closed it or reset it); the same error again
+        on every later call."""
+        with self._lock:
+            if self._gone is None and not self._closed:
+                for server, sock in self._watched:
+                    state = _tcp_state(sock)
+                    if state != TCP_ESTABLISHED:
+                        self._gone = _gone_message(server, state)
+                        break
+            gone = self._gone
+        if gone is not None:
+            raise ServerGoneError(gone)  # a new object per raise: tracebacks and notes differ
+
+    def close(self) -> None:
+        """Close the duplicate descriptors (the RPC library's own are untouched)
+        and stop guarding DGL's sends with this watch."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            watched, self._watched = self._watched, []
+        _unguard(self)
+        for _, sock in watched:
+            sock.close()
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{s.label} {s.ip}:{s.port}" for s in self.servers)
+        return f"ServerWatch([{names}], closed={self._closed})"
+
+
+def _tcp_connections() -> list[Any]:
+    process = psutil.Process()
+    list_connections = getattr(process, "net_connections", None) or process.connections
+    return list(list_connections(kind="tcp"))
+
+
+def _tcp_state(sock: socket.socket) -> int:
+    """``tcpi_state`` of ``sock`` (the first byte of ``struct tcp_info``)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+def _gone_message(server: Server, state: int) -> str:
+    name = TCP_STATE_NAMES.get(state, f"state {state}")
+    return (
+        f"{server.label} at {server.ip}:{server.port} closed its connection (TCP {name}): "
+        "the server process is gone. DGL's RPC client cannot recover from this: its next "
+        "send to that server -- a pull, sampling, a barrier, or DGL's own exit hook -- "
+        "aborts this process (SIGABRT). Handle the error (log, save what you need) and end "
+        "the process with os._exit(); do not call into dgl.distributed again"
+    )
+
+
+def dgl_servers() -> list[Server] | None:
+    """The servers of this process's DGL RPC client, or ``None`` if there is none.
+
+    Read from the KVStore client (``dgl.distributed.kvstore.get_kvstore()``),
+    which keeps DGL's server namebook ``{server id: [machine, ip, port, group]}``
+    in both DGL 1.1 and 2.1; ``None`` in standalone mode or before
+    ``dgl.distributed.initialize``.
+    """
+    if "dgl.distributed" not in sys.modules:  # never imported: no client (and no import cost)
+        return None
+    from dgl.distributed import kvstore
+
+    client = kvstore.get_kvstore()
+    namebook = getattr(client, "_server_namebook", None)
+    if not isinstance(namebook, dict) or not namebook:
+        return None
+    servers = []
+    for server_id, entry in sorted(namebook.items()):
+        ip, port = str(entry[1]), int(entry[2])
+        with contextlib.suppress(OSError):  # a name: its IPv4 address, as the socket shows
+            ip = socket.gethostbyname(ip)
+        servers.append(Server(f"DGL server {server_id}", ip, port))
+    return servers
+
+
+def dgl_server_watch() -> ServerWatch | None:
+    """A watch over this process's connections to its DGL servers, or ``None``.
+
+    Every loader created in a DistDGL client process (after
+    ``dgl.distributed.initialize``) gets one, whatever its source and tables:
+    once a server is gone, any DGL call aborts the process, so every loader
+    should stop and say so.  ``None`` (logged, never raised: a loader works
+    without a watch) where there is nothing to watch or no way to: no
+    ``socket.TCP_INFO`` (not Linux), DGL's RPC client not initialised or in
+    standalone mode, no established connection to some server, or DGL's
+    internals not as expected (then the loader's ``timeout=`` is the only guard).
+    """
+    if not hasattr(socket, "TCP_INFO"):
+        logger.debug("no socket.TCP_INFO on this platform: DGL servers are not watched")
+        return None
+    try:
+        servers = dgl_servers()
+        if servers is None:
+            logger.debug("no DGL RPC client in this process: no servers to watch")
+            return None
+        watch = ServerWatch.of_connections(servers)
+    except (ConnectionError, psutil.Error, OSError) as exc:
+        logger.info("DGL servers are not watched (%s); only timeout= guards against a lost "
+                    "server", exc)
+        return None
+    except Exception as exc:  # noqa: BLE001 - a DGL version laid out differently
+        logger.warning("DGL servers are not watched: reading DGL's client failed (%r); only "
+                       "timeout= guards against a lost server", exc)
+        return None
+    _guard_dgl_sends(watch)
+    logger.debug("watching %r", watch)
+    return watch
+
+
+# --------------------------------------------------------------------------- DGL's sends
+#: The open watches that guard DGL's sends; replaced whole (readers take no lock).
+_guarding: tuple[ServerWatch, ...] = ()
+_guard_lock = threading.Lock()
+
+
+def _guard_dgl_sends(watch: ServerWatch) -> None:
+    """Check ``watch`` before every DGL RPC message until it is closed.
+
+    Wraps ``dgl.distributed.rpc.send_rpc_message`` once per process (every
+    request and response of DGL's RPC layer calls it through the module's
+    globals); the wrapper checks the open watches, then sends.  Where a DGL
+    version has no such function nothing is wrapped and the loader's own
+    checks remain.
+    """
+    global _guarding
+    from dgl.distributed import rpc
+
+    with _guard_lock:
+        send = getattr(rpc, "send_rpc_message", None)
+        if send is None:
+            logger.info("dgl.distributed.rpc has no send_rpc_message: DGL's sends are not "
+                        "guarded, only the loader's calls")
+        elif not getattr(send, "pingpong_guarded", False):
+            rpc.send_rpc_message = _guarded(send)
+        _guarding = (*_guarding, watch)
+
+
+def _unguard(watch: ServerWatch) -> None:
+    global _guarding
+    with _guard_lock:
+        _guarding = tuple(w for w in _guarding if w is not watch)
+
+
+def _guarded(send: Any) -> Any:
+    @functools.wraps(send)
+    def send_rpc_message(msg: Any, target: Any) -> Any:
+        for watch in _guarding:
+            watch.check()  # ServerGoneError, a ConnectionError as DGL documents
+        return send(msg, target)
+
+    send_rpc_message.pingpong_guarded = True  # type: ignore[attr-defined]
+    return send_rpc_message

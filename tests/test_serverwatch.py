@@ -1,0 +1,375 @@
+"""The server watch (pingpong.serverwatch) and the loader's ``health_check``.
+
+Real TCP connections on 127.0.0.1 stand in for DGL's RPC connections (the
+watch reads the kernel's TCP state, whoever opened the socket); the DistDGL
+job with a real server killed mid-epoch is in tests/test_distdgl.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import torch
+
+import pingpong
+from pingpong.errors import ConfigError, ServerGoneError
+from pingpong.serverwatch import Server, ServerWatch, dgl_server_watch
+
+needs_tcp_info = pytest.mark.skipif(
+    not hasattr(socket, "TCP_INFO"), reason="the watch reads TCP_INFO (Linux)"
+)
+
+
+@contextlib.contextmanager
+def connected_pair() -> Iterator[tuple[socket.socket, socket.socket, int]]:
+    """(client, server side, port): an established connection to a listener on 127.0.0.1."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        served, _ = listener.accept()
+        try:
+            yield client, served, port
+        finally:
+            client.close()
+            served.close()
+
+
+def wait_until_gone(watch: ServerWatch, limit_s: float = 5.0) -> ServerGoneError:
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            watch.check()
+        except ServerGoneError as exc:
+            return exc
+        assert time.monotonic() < deadline, "the closed connection was never noticed"
+        time.sleep(0.01)
+
+
+@needs_tcp_info
+def test_a_live_connection_passes_and_a_closed_one_raises_naming_the_server() -> None:
+    with connected_pair() as (client, served, port):
+        watch = ServerWatch.of_connections([Server("DGL server 1", "127.0.0.1", port)])
+        try:
+            for _ in range(3):
+                watch.check()  # alive: nothing
+            client.sendall(b"ping")
+            assert served.recv(4) == b"ping"
+            served.close()  # the server's process dies: its end closes
+            exc = wait_until_gone(watch)
+            assert isinstance(exc, ConnectionError)
+            message = str(exc)
+            assert f"DGL server 1 at 127.0.0.1:{port}" in message
+            assert "CLOSE_WAIT" in message
+            assert "os._exit" in message
+            with pytest.raises(ServerGoneError) as again:  # it stays gone
+                watch.check()
+            assert again.value is not exc  # a fresh object: its notes and traceback are its own
+            assert str(again.value) == message
+        finally:
+            watch.close()
+
+
+@needs_tcp_info
+def test_a_reset_connection_raises() -> None:
+    with connected_pair() as (_client, served, port):
+        watch = ServerWatch.of_connections([Server("s", "127.0.0.1", port)])
+        try:
+            served.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            served.close()  # linger 0: RST instead of FIN
+            exc = wait_until_gone(watch)
+            assert "closed its connection (TCP CLOSE)" in str(exc)
+        finally:
+            watch.close()
+
+
+@needs_tcp_info
+def test_only_the_named_server_is_watched() -> None:
+    with connected_pair() as (_, served_a, _port_a), connected_pair() as (_, _served_b, port_b):
+        watch = ServerWatch.of_connections([Server("b", "127.0.0.1", port_b)])
+        try:
+            assert [s.label for s in watch.servers] == ["b"]
+            served_a.close()  # another connection of this process ends: not our business
+            time.sleep(0.05)
+            watch.check()
+        finally:
+            watch.close()
+
+
+@needs_tcp_info
+def test_a_server_without_a_connection_is_refused_by_name() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(ConnectionError, match=rf"DGL server 7 \(127.0.0.1:{port}\)"):
+        ServerWatch.of_connections([Server("DGL server 7", "127.0.0.1", port)])
+
+
+@needs_tcp_info
+def test_close_drops_only_the_watch_descriptors() -> None:
+    proc = psutil.Process()
+    with connected_pair() as (client, served, port):
+        before = proc.num_fds()
+        watch = ServerWatch.of_connections([Server("s", "127.0.0.1", port)])
+        assert proc.num_fds() == before + 1  # one duplicate of the client's descriptor
+        watch.close()
+        watch.close()  # idempotent
+        assert proc.num_fds() == before
+        client.sendall(b"still open")  # the owner's descriptor is untouched
+        assert served.recv(10) == b"still open"
+        served.close()
+        time.sleep(0.05)
+        watch.check()  # closed: checks nothing any more
+
+
+@needs_tcp_info
+def test_checks_from_two_threads_while_closing_do_not_fail() -> None:
+    with connected_pair() as (_, _served, port):
+        watch = ServerWatch.of_connections([Server("s", "127.0.0.1", port)])
+        errors: list[BaseException] = []
+
+        def hammer() -> None:
+            try:
+                for _ in range(2000):
+                    watch.check()
+            except BaseException as exc:  # noqa: BLE001 - collected for the assert
+                errors.append(exc)
+
+        threads = [threading.Thread(target=hammer) for _ in range(2)]
+        for t in threads:
+            t.start()
+        watch.close()
+        for t in threads:
+            t.join()
+        assert errors == []
+
+
+def test_without_a_dgl_rpc_client_there_is_nothing_to_watch() -> None:
+    assert dgl_server_watch() is None  # dgl.distributed perhaps not even imported
+    pytest.importorskip("dgl.distributed")
+    assert dgl_server_watch() is None  # imported, but initialize() never called
+
+
+# --------------------------------------------------------------------------- the loader
+def triples(n: int, rows: int = 50, per: int = 4) -> list[tuple[torch.Tensor, ...]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randint(0, rows, (per,), generator=g), torch.arange(2), [])
+            for _ in range(n)]
+
+
+class Rows:
+    """A row source whose fetches are logged (with the events of a test) in ``log``."""
+
+    def __init__(self, table: torch.Tensor, log: list[str], name: str) -> None:
+        self.table, self.log, self.name = table, log, name
+        self.shape, self.dtype = table.shape, table.dtype
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.log.append(self.name)
+        return self.table[ids]
+
+
+class Dead(Exception):
+    pass
+
+
+def test_health_check_runs_before_every_source_step_and_fetch() -> None:
+    log: list[str] = []
+    features, labels = torch.randn(50, 3), torch.arange(50)
+    items = triples(4)
+
+    class Source:
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+            for item in items:
+                log.append("next")
+                yield item
+
+    def check() -> None:
+        if threading.current_thread() is not threading.main_thread():
+            log.append("check")
+
+    loader = pingpong.PingPongLoader(Source(), Rows(features, log, "x"), Rows(labels, log, "y"),
+                                     health_check=check)
+    got = [b.x.clone() for b in loader]
+    loader.close()
+    assert [torch.equal(x, features[item[0]]) for x, item in zip(got, items, strict=True)] \
+        == [True] * 4
+    assert log == ["check", "next", "check", "x", "check", "y"] * 4 + ["check"]
+
+
+def test_a_failing_check_on_the_producer_ends_the_epoch_before_the_next_fetch() -> None:
+    log: list[str] = []
+    features = torch.randn(50, 3)
+    dead = threading.Event()
+
+    def check() -> None:
+        if dead.is_set():
+            log.append("dead")
+            raise Dead("server 3 is gone")
+
+    loader = pingpong.PingPongLoader(triples(8), Rows(features, log, "x"), num_buffers=2,
+                                     health_check=check)
+    seen = 0
+    with pytest.raises(Dead, match="server 3 is gone"):
+        for batch in loader:
+            assert torch.equal(batch.x, features[batch.input_nodes])
+            seen += 1
+            if seen == 2:
+                dead.set()
+    # Batches prepared before the death may still be delivered (one in the other
+    # slot, one fetched and waiting for a slot); no fetch follows a failed check.
+    first_dead = log.index("dead")
+    assert set(log[first_dead:]) == {"dead"}, log
+    assert log[:first_dead].count("x") >= 2
+    assert 2 <= seen <= 4
+    dead.clear()  # the server is back: the next epoch runs
+    assert len(list(loader)) == 8
+    loader.close()
+
+
+def test_a_failing_check_reaches_next_while_the_producer_is_stuck_in_a_fetch() -> None:
+    """A pull in flight to a dead server never returns: the training loop must not wait
+    for it (no timeout is set here, so only the check can end the wait)."""
+    features = torch.randn(50, 3)
+    released, dead, fetching = threading.Event(), threading.Event(), threading.Event()
+
+    class Stuck:
+        shape, dtype = features.shape, features.dtype
+        calls = 0
+
+        def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+            Stuck.calls += 1
+            if Stuck.calls == 2:  # the second batch's fetch: the server dies during it
+                fetching.set()
+                released.wait(30)
+            return features[ids]
+
+    def check() -> None:
+        if dead.is_set():
+            raise Dead("gone")
+
+    loader = pingpong.PingPongLoader(triples(4), Stuck(), timeout=None, health_check=check)
+    it = iter(loader)
+    first = next(it)
+    assert torch.equal(first.x, features[first.input_nodes])
+    assert fetching.wait(10)
+    dead.set()
+    start = time.monotonic()
+    with pytest.raises(Dead):
+        next(it)
+    assert time.monotonic() - start < 2.0
+    released.set()
+    loader.close()
+
+
+def test_health_check_must_be_callable() -> None:
+    with pytest.raises(ConfigError, match="health_check must be a callable"):
+        pingpong.PingPongLoader(triples(1), torch.randn(50, 3), health_check=3)  # type: ignore[arg-type]
+
+
+def test_a_plain_loader_watches_no_server() -> None:
+    with pingpong.PingPongLoader(triples(1), torch.randn(50, 3)) as loader:
+        assert loader.server_watch is None
+
+
+@needs_tcp_info
+def test_a_server_watch_as_health_check_surfaces_a_dead_connection() -> None:
+    """The watch and the loader together, over a real connection closed mid-epoch."""
+    features = torch.randn(50, 3)
+    with connected_pair() as (_, served, port):
+        watch = ServerWatch.of_connections([Server("server 1", "127.0.0.1", port)])
+        loader = pingpong.PingPongLoader(triples(50), features, health_check=watch.check)
+        try:
+            delivered = 0
+            with pytest.raises(ServerGoneError, match=f"server 1 at 127.0.0.1:{port}"):
+                for i, batch in enumerate(loader):
+                    assert torch.equal(batch.x, features[batch.input_nodes])
+                    delivered += 1
+                    if i == 3:
+                        served.close()
+                        time.sleep(0.05)
+            assert 4 <= delivered <= 6  # and those prepared before the close (2 at most)
+        finally:
+            loader.close()
+            watch.close()
+
+
+# --------------------------------------------------------------------------- DGL's sends
+@needs_tcp_info
+def test_dgl_sends_are_checked_while_a_watch_is_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a watch is open, every DGL RPC message first checks it: a dead server
+    gives ServerGoneError in the caller instead of a send (which would make DGL's
+    sender thread abort the process). DGL's C send is replaced by a recorder here;
+    the real one is exercised by tests/test_distdgl.py."""
+    rpc = pytest.importorskip("dgl.distributed.rpc")
+    from pingpong import serverwatch
+
+    sent: list[tuple[object, int]] = []
+    monkeypatch.setattr(rpc, "send_rpc_message", lambda msg, target: sent.append((msg, target)))
+    monkeypatch.setattr(serverwatch, "_guarding", ())
+    with connected_pair() as (_, served, port):
+        watch = ServerWatch.of_connections([Server("DGL server 1", "127.0.0.1", port)])
+        serverwatch._guard_dgl_sends(watch)
+        serverwatch._guard_dgl_sends(watch)  # installed again: still one wrapper
+        guarded = rpc.send_rpc_message
+        assert guarded.pingpong_guarded
+        assert guarded.__wrapped__.__name__ == "<lambda>"
+        rpc.send_rpc_message("request", 1)
+        assert sent == [("request", 1)]
+        served.close()
+        time.sleep(0.05)
+        with pytest.raises(ServerGoneError, match="DGL server 1"):
+            rpc.send_rpc_message("another", 0)
+        assert sent == [("request", 1)]  # nothing handed to DGL after the death
+        watch.close()
+        assert serverwatch._guarding == ()
+        rpc.send_rpc_message("after close", 0)  # a closed watch guards nothing
+        assert sent[-1] == ("after close", 0)
+
+
+class _Client:
+    """What dgl_server_watch reads of DGL's KVClient: its server namebook."""
+
+    def __init__(self, namebook: object) -> None:
+        self._server_namebook = namebook
+
+
+@needs_tcp_info
+def test_the_watch_is_built_from_dgls_server_namebook(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    kvstore = pytest.importorskip("dgl.distributed.kvstore")
+    from pingpong import serverwatch
+
+    monkeypatch.setattr(serverwatch, "_guarding", ())
+    with connected_pair() as (_, served, port):
+        # {server id: [machine id, ip, port, group count]}, as DGL 1.1 and 2.1 keep it
+        monkeypatch.setattr(kvstore, "get_kvstore",
+                            lambda: _Client({0: [0, "localhost", port, 1]}))
+        watch = dgl_server_watch()
+        assert watch is not None
+        try:
+            assert [(s.label, s.ip, s.port) for s in watch.servers] == [
+                ("DGL server 0", "127.0.0.1", port)]  # the name resolved, as sockets show it
+            watch.check()
+            served.close()
+            assert "DGL server 0" in str(wait_until_gone(watch))
+        finally:
+            watch.close()
+
+    with caplog.at_level("INFO", logger="pingpong.serverwatch"):
+        monkeypatch.setattr(kvstore, "get_kvstore", lambda: _Client({0: [0, "127.0.0.1", 9, 1]}))
+        assert dgl_server_watch() is None  # no connection to it: not watched, no error
+        monkeypatch.setattr(kvstore, "get_kvstore", lambda: _Client({0: ["malformed"]}))
+        assert dgl_server_watch() is None  # DGL laid out differently: not watched, no error
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("no established TCP connection to DGL server 0 (127.0.0.1:9)" in m
+               for m in messages), messages
+    assert any("reading DGL's client failed" in m for m in messages), messages
