@@ -23,8 +23,17 @@ reported, with ``bound = max(load, compute)`` (perfect overlap),
 pingpong`` (goal >= 1.3 where load and compute take about the same time: the
 delay whose load/compute ratio is closest to 1 is the one judged).
 
+Each epoch also records where rank 0's CPU went: its training thread
+(``time.thread_time``), pingpong's producer thread (``stats["producer_cpu_s"]``)
+and the rest of the process (DGL's RPC threads, gloo). ``--trainers 1`` runs
+one trainer for both partitions (fewer processes than cores);
+``--profile-producer PATH`` writes a cProfile of the producer threads (thread
+CPU time; it slows them, so not for timing).
+
     python benchmarks/dist_epoch.py --quick                       # ~1.5 min smoke run
     python benchmarks/dist_epoch.py --out docs/benchmarks --name dist-epoch-cpu
+    python benchmarks/dist_epoch.py --trainers 1 --out docs/benchmarks --name dist-epoch-cpu-t1
+    python benchmarks/dist_epoch.py --quick --trainers 1 --profile-producer producer.prof
 """
 
 from __future__ import annotations
@@ -67,6 +76,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=[0.0, 1.0, 2.0, 3.0, 5.0, 20.0],
                    help="per pull, comma-separated")
     p.add_argument("--rounds", type=int, default=5, help="timed epochs of each kind per delay")
+    p.add_argument("--profile-producer", type=Path, default=None,
+                   help="write a cProfile of the producer threads (thread CPU time) here")
+    p.add_argument("--trainers", type=int, default=2, choices=(1, 2),
+                   help="DDP trainers (2: one per partition; 1: one trainer, the cores less "
+                        "oversubscribed)")
     p.add_argument("--part-dir", type=Path, default=None)
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="first wait up to this many seconds for other processes to go quiet")
@@ -80,9 +94,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------- trainer
+def profile_producer_threads(path: Path) -> None:
+    """Profile every pingpong producer thread of this process (CPU time of the thread,
+    ``time.thread_time``) into one cProfile file, rewritten after each epoch; a trainer
+    other than rank 0 writes ``PATH.rankN``."""
+    import cProfile
+
+    import pingpong._epoch as epoch_module
+
+    rank = int(os.environ.get("RANK", "0"))
+    out = path if rank == 0 else path.with_name(f"{path.name}.rank{rank}")
+    profile = cProfile.Profile(time.thread_time)
+    produce = epoch_module.produce
+
+    def profiled_produce(*args: Any, **kwargs: Any) -> None:
+        profile.enable()
+        try:
+            produce(*args, **kwargs)
+        finally:
+            profile.disable()
+            profile.dump_stats(str(out))
+
+    epoch_module.produce = profiled_produce
+
+
 def trainer_main(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
+    if args.profile_producer is not None:
+        profile_producer_threads(args.profile_producer)
     tr = td.init_trainer(threads=1)
     feat = td.DelayedRows(tr.g.ndata["feat"])
     label = td.DelayedRows(tr.g.ndata["label"])
@@ -98,7 +138,7 @@ def trainer_main(args: argparse.Namespace) -> None:
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=300) as pp:
         def epoch(kind: str) -> dict[str, Any]:
             before_pp, before_sync = dict(pp.stats), dict(sync.stats)
-            cpu0 = time.process_time()
+            cpu0, main0 = time.process_time(), time.thread_time()
             if kind == "load":
                 t0 = time.perf_counter()
                 cache[:] = list(sync)
@@ -108,12 +148,14 @@ def trainer_main(args: argparse.Namespace) -> None:
             else:
                 r = td.train_epoch(ddp, opt, sync if kind == "sync" else pp)
             cpu = time.process_time() - cpu0  # this trainer process, all its threads
+            main_cpu = time.thread_time() - main0  # the training thread alone
             stats = pp.stats if kind == "pingpong" else sync.stats
             before = before_pp if kind == "pingpong" else before_sync
             delta = {k: float(stats[k]) - float(before.get(k, 0.0))
-                     for k in ("sample_s", "fetch_s", "consumer_stall_s") if k in stats}
+                     for k in ("sample_s", "fetch_s", "consumer_stall_s", "producer_cpu_s")
+                     if k in stats}
             return {"kind": kind, "epoch_s": td.all_max(r.epoch_s), "epoch_s_rank": r.epoch_s,
-                    "cpu_s": cpu, "cpu_s_max": td.all_max(cpu),
+                    "cpu_s": cpu, "cpu_s_max": td.all_max(cpu), "main_cpu_s": main_cpu,
                     "compute_s": r.compute_s, "steps": r.steps, **delta}
 
         for delay in args.delays_ms:
@@ -153,6 +195,20 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    for k in ("sync", "pingpong", "compute")}
         cpu = {k: statistics.median(r["cpu_s_max"] for r in rows
                                     if r["delay_ms"] == delay and r["kind"] == k) for k in KINDS}
+        # rank 0's process split into its training thread, its producer thread, the rest
+        # (DGL's and gloo's C++ threads); rows of results without the split are skipped.
+        split = {}
+        for k in KINDS:
+            these = [r for r in rows if r["delay_ms"] == delay and r["kind"] == k
+                     and "main_cpu_s" in r]
+            if these:
+                producer = [r.get("producer_cpu_s", 0.0) if k == "pingpong" else 0.0
+                            for r in these]
+                split[f"{k}_main_cpu_s"] = statistics.median(r["main_cpu_s"] for r in these)
+                split[f"{k}_producer_cpu_s"] = statistics.median(producer)
+                split[f"{k}_other_cpu_s"] = statistics.median(
+                    r["cpu_s"] - r["main_cpu_s"] - p for r, p in zip(these, producer,
+                                                                     strict=True))
         bound = max(med["load"], med["compute"])
         out.append({"delay_ms": delay, **{f"{k}_s": med[k] for k in KINDS},
                     "epochs_each": min(n.values()), "bound_s": bound,
@@ -161,12 +217,14 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "speedup": med["sync"] / med["pingpong"],
                     "pingpong_stall_s": statistics.median(stall) if stall else 0.0,
                     **{f"{k}_steps_s": v for k, v in steps_s.items()},
-                    **{f"{k}_cpu_s": v for k, v in cpu.items()}})
+                    **{f"{k}_cpu_s": v for k, v in cpu.items()}, **split})
     return out
 
 
 def render(report: dict[str, Any]) -> str:
     s = report["settings"]
+    trainers = int(s.get("trainers", 2))
+    trainer_words = "1 trainer" if trainers == 1 else f"{trainers} DDP (gloo) trainers"
     table = _common.markdown_table(
         ["delay ms/pull", "sync s", "pingpong s", "load s", "compute s", "bound s",
          "load/compute", "pp / bound", "sync / pp", "pp stall s", "pp steps s",
@@ -177,16 +235,39 @@ def render(report: dict[str, Any]) -> str:
           r["pingpong_cpu_s"]] for r in report["summary"]])
     judged = report["judged"]
     summary = report["summary"]
+    split_table = ""
+    if summary and "pingpong_main_cpu_s" in summary[0]:
+        split_table = _common.markdown_table(
+            ["delay ms/pull", "load: main", "load: other", "compute: main", "compute: other",
+             "pp: main", "pp: producer", "pp: other"],
+            [[f"{r['delay_ms']:g}", r["load_main_cpu_s"], r["load_other_cpu_s"],
+              r["compute_main_cpu_s"], r["compute_other_cpu_s"], r["pingpong_main_cpu_s"],
+              r["pingpong_producer_cpu_s"], r["pingpong_other_cpu_s"]] for r in summary])
     share = statistics.median(r["compute_cpu_s"] / r["compute_s"] for r in summary)
     cpu_line = "; ".join(f"{r['delay_ms']:g} ms: pp {r['pingpong_cpu_s']:.2f} s vs load "
                          f"{r['load_cpu_s']:.2f} + compute {r['compute_cpu_s']:.2f} s"
                          for r in summary)
     eff_ok = [r for r in report["summary"] if r["efficiency"] <= GOAL_EFFICIENCY]
+    thread_line = ""
+    if split_table:
+        zero = min(summary, key=lambda r: r["delay_ms"])
+        thread_line = (
+            "\n"
+            f"By thread (second table; at {zero['delay_ms']:g} ms): the training thread used "
+            f"{zero['pingpong_main_cpu_s']:.2f} s in a pingpong epoch against "
+            f"{zero['compute_main_cpu_s']:.2f} s alone, the producer "
+            f"{zero['pingpong_producer_cpu_s']:.2f} s against {zero['load_main_cpu_s']:.2f} s "
+            "for the same sampling and pulls on the training thread, and the process as a "
+            f"whole kept {zero['pingpong_cpu_s'] / zero['pingpong_s']:.2f} cores busy over "
+            "the epoch: the two threads mostly took turns rather than running side by side. "
+            "Both run much Python (DGL's distributed sampling in the producer, DGL's message "
+            "passing in the GraphSAGE step), and a thread runs Python only while it holds "
+            "the GIL -- the likely reason; not measured directly.")
     lines = [
         "# DistDGL epoch time on localhost (CPU)", "",
         "```", report["command"], "```", "",
         _common.describe_machine(report["machine"]), "",
-        f"Job: 2 partitions, 2 DGL servers and 2 DDP (gloo) trainers on 127.0.0.1, "
+        f"Job: 2 partitions, 2 DGL servers and {trainer_words} on 127.0.0.1, "
         f"one torch thread per trainer, one OMP thread per server; synthetic graph "
         f"{s['num_nodes']} nodes, {s['feat_dim']} float32 features, {s['num_classes']} "
         f"classes; DistNodeDataLoader, fanouts {s['fanouts']}, batch {s['batch_size']}, "
@@ -206,7 +287,13 @@ def render(report: dict[str, Any]) -> str:
         "its training steps (compare `compute`: the same steps without a producer running); "
         "`cpu`: CPU seconds of the busiest trainer process in an epoch of that kind (its "
         "server's CPU not included).", "",
-        table, "", "## Goals", "",
+        table, "",
+        *(["Where rank 0's CPU seconds went in an epoch (medians): `main` the training "
+           "thread (in `load`, the loop that samples and pulls), `producer` pingpong's "
+           "producer thread (`stats[\"producer_cpu_s\"]`: DGL's sampling, the pulls, the "
+           "copies into the slot), `other` the rest of the process (DGL's RPC threads, gloo).",
+           "", split_table, ""] if split_table else []),
+        "## Goals", "",
         f"- Overlap: pingpong's epoch <= {GOAL_EFFICIENCY}x max(load, compute): "
         + ("met at delays " + ", ".join(f"{r['delay_ms']:g}" for r in eff_ok) + " ms"
            if eff_ok else "NOT met at any delay")
@@ -219,12 +306,14 @@ def render(report: dict[str, Any]) -> str:
                                      for r in report["summary"]) + ").",
         "", "## Why", "",
         f"In compute-only epochs a trainer process used {share:.2f} cores (CPU s / wall s, "
-        "median over delays): 2 trainers, 2 servers and the other processes share the 2 "
+        f"median over delays): {trainers} trainer process{'es' if trainers > 1 else ''}, "
+        f"2 servers and the other processes share the {report['machine']['logical_cores']} "
         f"cores. A pingpong epoch costs about the CPU of load plus compute "
-        f"({cpu_line}), and that CPU does not come from anywhere else, so the steps slow "
-        "down while the producer samples (`pp steps` vs `compute`) even though the training "
-        "loop hardly waits for data (`pp stall`). The overlap hides what is not CPU: the "
-        "waits for RPC replies and the emulated network delay.",
+        f"({cpu_line}), so the steps slow down while the producer samples (`pp steps` vs "
+        "`compute`) even though the training loop hardly waits for data (`pp stall`). The "
+        "overlap hides what is not CPU: the waits for RPC replies and the emulated network "
+        "delay.",
+        *([thread_line] if thread_line else []),
     ]
     return "\n".join(lines)
 
@@ -261,6 +350,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                                              log=lambda m: print(m, file=sys.stderr))
         command = [sys.executable, str(Path(__file__).resolve()), *argv]
         status, result = td.launch(command, part_config, num_parts=2,
+                                   num_trainers=args.trainers,
                                    log=lambda m: print(m, file=sys.stderr))
     wall = time.perf_counter() - t0
     busy1, own1 = _common._system_busy_seconds(), sum(os.times()[:4])
@@ -278,7 +368,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
         "settings": {k: (",".join(map(str, v)) if isinstance(v, list) else v)
                      for k, v in vars(args).items()
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
-                              "hidden", "delays_ms", "rounds")},
+                              "hidden", "delays_ms", "rounds", "trainers")},
         "steps_per_epoch": result["steps_per_epoch"],
         "train_nodes_per_trainer": result["train_nodes_per_trainer"],
         "summary": summary, "judged": judged,

@@ -264,18 +264,20 @@ class LocalCluster:
     """DistDGL servers and trainers on this machine, as tools/launch.py would start them.
 
     ``command`` (say ``[python, train_dist.py, ...args]``) is run once per
-    server with ``DGL_ROLE=server`` and once per trainer with ``DGL_ROLE=client``,
-    one of each per partition, each in a process group of its own (its own
-    session). :meth:`stop` kills every group (SIGTERM, then SIGKILL after
-    ``grace`` s); ``with LocalCluster(...)`` always stops it. The servers'
-    output goes to ``log_dir`` (``workdir`` unless given); the trainers' to
-    this process's stdout/stderr, or to ``trainer_log_dir`` when given.
+    server with ``DGL_ROLE=server`` and once per trainer with ``DGL_ROLE=client``:
+    one server per partition and ``num_trainers`` trainers (default: one per
+    partition), each in a process group of its own (its own session).
+    :meth:`stop` kills every group (SIGTERM, then SIGKILL after ``grace`` s);
+    ``with LocalCluster(...)`` always stops it. The servers' output goes to
+    ``log_dir`` (``workdir`` unless given); the trainers' to this process's
+    stdout/stderr, or to ``trainer_log_dir`` when given.
     """
 
     command: Sequence[str]
     part_config: Path
     workdir: Path
     num_parts: int = 2
+    num_trainers: int | None = None  # None: one per partition
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
     trainer_log_dir: Path | None = None
@@ -287,6 +289,11 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.ip_config = self.workdir / "ip_config.txt"
         self.log_dir = self.log_dir or self.workdir
+        if self.num_trainers is None:
+            self.num_trainers = self.num_parts
+        if not 1 <= self.num_trainers <= self.num_parts:
+            raise ValueError(f"num_trainers must be in [1, {self.num_parts}] (one host: at most "
+                             f"one trainer per partition), got {self.num_trainers}")
 
     # -- start --------------------------------------------------------------
     def start(self) -> None:
@@ -296,7 +303,7 @@ class LocalCluster:
         common = {
             **os.environ, **self.env,
             "DGL_NUM_SAMPLER": "0",
-            "DGL_NUM_CLIENT": str(self.num_parts),  # trainers x (1 + samplers) x machines
+            "DGL_NUM_CLIENT": str(self.num_trainers),  # trainers x (1 + samplers) x machines
             "DGL_CONF_PATH": str(self.part_config),
             "DGL_IP_CONFIG": str(self.ip_config),
             "DGL_NUM_SERVER": "1",  # servers per machine
@@ -312,10 +319,10 @@ class LocalCluster:
                        OMP_NUM_THREADS=str(self.server_threads))
             self._spawn("server", i, env, (self.log_dir or self.workdir) / f"server-{i}.log")
         master_port = free_port(taken)
-        for rank in range(self.num_parts):
+        for rank in range(self.num_trainers or self.num_parts):
             env = dict(common, DGL_ROLE="client", DGL_DIST_MODE="distributed", DGL_GROUP_ID="0",
                        OMP_NUM_THREADS=str(self.trainer_threads),
-                       RANK=str(rank), WORLD_SIZE=str(self.num_parts), GROUP_RANK=str(rank),
+                       RANK=str(rank), WORLD_SIZE=str(self.num_trainers), GROUP_RANK=str(rank),
                        LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(master_port))
             log = (None if self.trainer_log_dir is None
@@ -543,8 +550,13 @@ def init_trainer(threads: int = 1, gloo_timeout_s: float = 1800.0) -> Trainer:
     book = g.get_partition_book()
     if token is not None:  # DGL put us on machine 0; our share is partition `rank`'s
         book = dgl.distributed.load_partition_book(str(part_config), rank)[0]
-    splits = [dgl.distributed.node_split(g.ndata[f"{s}_mask"], book, force_even=True)
-              for s in ("train", "val", "test")]
+    if dgl.distributed.rpc.get_num_client() % book.num_partitions() == 0:
+        splits = [dgl.distributed.node_split(g.ndata[f"{s}_mask"], book, force_even=True)
+                  for s in ("train", "val", "test")]
+    else:  # fewer trainers than partitions (a benchmark's 1 trainer): node_split refuses it
+        every = torch.arange(g.num_nodes())
+        splits = [torch.nonzero(g.ndata[f"{s}_mask"][every]).squeeze(1).chunk(world_size)[rank]
+                  for s in ("train", "val", "test")]
     count = torch.tensor([len(splits[0])])
     dist.all_reduce(count, op=dist.ReduceOp.MIN)
     splits[0] = splits[0][: int(count)]
@@ -782,6 +794,7 @@ def run_trainer(main: Callable[[], None]) -> None:
 
 # --------------------------------------------------------------------------- launcher
 def launch(command: Sequence[str], part_config: Path, *, num_parts: int,
+           num_trainers: int | None = None,
            log_dir: Path | None = None, job_timeout: float = 0.0,
            env: dict[str, str] | None = None, threads: int = 1,
            on_poll: Callable[[LocalCluster], None] | None = None,
@@ -798,6 +811,7 @@ def launch(command: Sequence[str], part_config: Path, *, num_parts: int,
             workdir = Path(tmp)
             result_path = workdir / "result.json"
             cluster = LocalCluster(command, part_config, workdir, num_parts=num_parts,
+                                   num_trainers=num_trainers,
                                    env={**(env or {}), RESULT_ENV: str(result_path)},
                                    log_dir=log_dir, trainer_threads=threads)
             status = 1

@@ -104,51 +104,59 @@ def produce(
       unless ``stop`` was set first.
     """
     seq = 0
+    cpu_mark = time.thread_time()
     try:
-        with write_lock:  # like a fill: a closing loader waits for it
-            if stop.is_set():
-                return
-            device.producer_started()
-        iterator = iter(source)
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            if health is not None:
-                health()
-            try:
-                item = next(iterator)
-            except StopIteration:
-                break
-            t1 = time.perf_counter()
-            plan = reader.read(item, seq)
-            x_ids, y_ids = batch_ids(
-                store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
-                plan.label_ids_name,
-            )
-            graphs = place_graphs(plan.graphs, device.torch_device)
-            t2 = time.perf_counter()
-            fetched = _fetch_remote(store, x_ids, y_ids, health)
-            t_fetched = time.perf_counter()
-            slot = _take_free_slot(free_q, stop, poll_s)
-            if slot is None:
-                return
-            t3 = time.perf_counter()
-            with write_lock:
+        try:
+            with write_lock:  # like a fill: a closing loader waits for it
                 if stop.is_set():
                     return
-                cache_counts = cache.on_fill(x_ids) if cache is not None else {}
-                delivery = _fill(slot, store, device, x_ids, y_ids, fetched, plan, graphs)
-            t4 = time.perf_counter()
-            ready_q.put(delivery)
-            stats.add(
-                **cache_counts,
-                sample_s=t1 - t0,
-                validate_s=t2 - t1,
-                fetch_s=t_fetched - t2,
-                gather_s=t4 - t3,
-                rows_gathered=_input_rows(store, x_ids),
-                bytes_gathered=_bytes(store.tables, x_ids) + _bytes(store.label_tables, y_ids),
-            )
-            seq += 1
+                device.producer_started()
+            iterator = iter(source)
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                if health is not None:
+                    health()
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    break
+                t1 = time.perf_counter()
+                plan = reader.read(item, seq)
+                x_ids, y_ids = batch_ids(
+                    store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
+                    plan.label_ids_name,
+                )
+                graphs = place_graphs(plan.graphs, device.torch_device)
+                t2 = time.perf_counter()
+                fetched = _fetch_remote(store, x_ids, y_ids, health)
+                t_fetched = time.perf_counter()
+                slot = _take_free_slot(free_q, stop, poll_s)
+                if slot is None:
+                    return
+                t3 = time.perf_counter()
+                with write_lock:
+                    if stop.is_set():
+                        return
+                    cache_counts = cache.on_fill(x_ids) if cache is not None else {}
+                    delivery = _fill(slot, store, device, x_ids, y_ids, fetched, plan, graphs)
+                t4 = time.perf_counter()
+                ready_q.put(delivery)
+                cpu_now = time.thread_time()
+                stats.add(
+                    **cache_counts,
+                    producer_cpu_s=cpu_now - cpu_mark,
+                    sample_s=t1 - t0,
+                    validate_s=t2 - t1,
+                    fetch_s=t_fetched - t2,
+                    gather_s=t4 - t3,
+                    rows_gathered=_input_rows(store, x_ids),
+                    bytes_gathered=(_bytes(store.tables, x_ids)
+                                    + _bytes(store.label_tables, y_ids)),
+                )
+                cpu_mark = cpu_now
+                seq += 1
+        finally:  # the CPU since the last delivery: the source's last step, a failure...
+            stats.add(producer_cpu_s=time.thread_time() - cpu_mark)
         if not stop.is_set():
             ready_q.put(EndOfEpoch(seq))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer

@@ -17,6 +17,9 @@ key                   meaning
 ``gather_s``          producer time spent issuing gathers and block transfers
                       (on the CPU: doing them)
 ``producer_busy_s``   ``sample_s + validate_s + fetch_s + gather_s``
+``producer_cpu_s``    CPU seconds the producer threads used (``time.thread_time``):
+                      what the pipeline takes from the training loop's cores,
+                      the source's (sampler's) work included
 ``consumer_stall_s``  time the training loop waited inside ``next()``
 ``overlap_ratio``     share of the producer's work hidden behind training:
                       ``1 - consumer_stall_s / producer_busy_s`` (clamped to
@@ -58,6 +61,7 @@ class LoaderStats:
         "validate_s",
         "fetch_s",
         "gather_s",
+        "producer_cpu_s",
         "consumer_stall_s",
         "cache_lookups",
         "cache_hits",

@@ -294,3 +294,34 @@ def test_batch_clone_survives_slot_reuse():
             pass
         assert torch.equal(first.x, features[20:30])  # the slot was reused by batch 2
     assert torch.equal(kept.x, features[:10])
+
+
+def test_producer_cpu_counts_the_sources_cpu_not_its_waits():
+    """``producer_cpu_s`` is the producer thread's CPU time: a source that computes
+    adds its CPU (its last, empty step included); one that sleeps adds next to nothing."""
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    class Source:
+        def __init__(self, work) -> None:
+            self.work = work
+
+        def __iter__(self):
+            for item in make_triples(N, 4):
+                self.work()
+                yield item
+            self.work()  # the step that ends the epoch costs too
+
+    features = torch.randn(N, 4)
+    with PingPongLoader(Source(lambda: burn(0.02)), features) as loader:
+        assert sum(1 for _ in loader) == 4
+        busy = loader.stats
+    assert 5 * 0.02 <= busy["producer_cpu_s"] <= busy["wall_s"]
+    with PingPongLoader(Source(lambda: time.sleep(0.02)), features) as loader:
+        assert sum(1 for _ in loader) == 4
+        idle = loader.stats
+    assert idle["sample_s"] >= 4 * 0.02 * 0.9  # the ending step is not in sample_s
+    assert idle["producer_cpu_s"] < 0.5 * idle["sample_s"]
