@@ -259,10 +259,20 @@ def render(report: dict[str, Any]) -> str:
             f"{zero['pingpong_producer_cpu_s']:.2f} s against {zero['load_main_cpu_s']:.2f} s "
             "for the same sampling and pulls on the training thread, and the process as a "
             f"whole kept {zero['pingpong_cpu_s'] / zero['pingpong_s']:.2f} cores busy over "
-            "the epoch: the two threads mostly took turns rather than running side by side. "
-            "Both run much Python (DGL's distributed sampling in the producer, DGL's message "
-            "passing in the GraphSAGE step), and a thread runs Python only while it holds "
-            "the GIL -- the likely reason; not measured directly.")
+            "the epoch. ")
+        if trainers < report["machine"]["logical_cores"]:
+            thread_line += (
+                f"The machine has {report['machine']['logical_cores']} cores for "
+                f"{trainers} trainer process{'es' if trainers > 1 else ''} and the two "
+                "servers (whose CPU is not measured here); the trainer's two threads "
+                "mostly took turns rather than running side by side. Both run much Python "
+                "(DGL's distributed sampling in the producer, DGL's message passing in the "
+                "GraphSAGE step), and a thread runs Python only while it holds the GIL -- "
+                "the likely reason; not measured directly.")
+        else:
+            thread_line += (
+                "With as many trainer processes as cores (and the servers besides), the "
+                "cores themselves are short.")
     lines = [
         "# DistDGL epoch time on localhost (CPU)", "",
         "```", report["command"], "```", "",
