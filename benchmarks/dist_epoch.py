@@ -27,12 +27,15 @@ Each epoch also records where rank 0's CPU went: its training thread
 (``time.thread_time``), pingpong's producer thread (``stats["producer_cpu_s"]``)
 and the rest of the process (DGL's RPC threads, gloo). ``--trainers 1`` runs
 one trainer for both partitions (fewer processes than cores);
-``--profile-producer PATH`` writes a cProfile of the producer threads (thread
+``--samplers K`` gives each trainer K DGL sampler processes
+(``DGL_NUM_SAMPLER``); ``--profile-producer PATH`` writes a cProfile of the producer threads (thread
 CPU time; it slows them, so not for timing).
 
     python benchmarks/dist_epoch.py --quick                       # ~1.5 min smoke run
     python benchmarks/dist_epoch.py --out docs/benchmarks --name dist-epoch-cpu
     python benchmarks/dist_epoch.py --trainers 1 --out docs/benchmarks --name dist-epoch-cpu-t1
+    python benchmarks/dist_epoch.py --trainers 1 --samplers 1 --out docs/benchmarks \
+        --name dist-epoch-cpu-t1-s1
     python benchmarks/dist_epoch.py --quick --trainers 1 --profile-producer producer.prof
 """
 
@@ -78,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=5, help="timed epochs of each kind per delay")
     p.add_argument("--profile-producer", type=Path, default=None,
                    help="write a cProfile of the producer threads (thread CPU time) here")
+    p.add_argument("--samplers", type=int, default=0,
+                   help="DGL sampler processes per trainer (DGL_NUM_SAMPLER)")
     p.add_argument("--trainers", type=int, default=2, choices=(1, 2),
                    help="DDP trainers (2: one per partition; 1: one trainer, the cores less "
                         "oversubscribed)")
@@ -225,6 +230,10 @@ def render(report: dict[str, Any]) -> str:
     s = report["settings"]
     trainers = int(s.get("trainers", 2))
     trainer_words = "1 trainer" if trainers == 1 else f"{trainers} DDP (gloo) trainers"
+    samplers = int(s.get("samplers", 0))
+    if samplers:
+        trainer_words += (f" with {samplers} DGL sampler process{'es' if samplers > 1 else ''}"
+                          " each (sampling out of the trainer process)")
     table = _common.markdown_table(
         ["delay ms/pull", "sync s", "pingpong s", "load s", "compute s", "bound s",
          "load/compute", "pp / bound", "sync / pp", "pp stall s", "pp steps s",
@@ -360,7 +369,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                                              log=lambda m: print(m, file=sys.stderr))
         command = [sys.executable, str(Path(__file__).resolve()), *argv]
         status, result = td.launch(command, part_config, num_parts=2,
-                                   num_trainers=args.trainers,
+                                   num_trainers=args.trainers, num_samplers=args.samplers,
                                    log=lambda m: print(m, file=sys.stderr))
     wall = time.perf_counter() - t0
     busy1, own1 = _common._system_busy_seconds(), sum(os.times()[:4])
@@ -378,7 +387,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
         "settings": {k: (",".join(map(str, v)) if isinstance(v, list) else v)
                      for k, v in vars(args).items()
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
-                              "hidden", "delays_ms", "rounds", "trainers")},
+                              "hidden", "delays_ms", "rounds", "trainers", "samplers")},
         "steps_per_epoch": result["steps_per_epoch"],
         "train_nodes_per_trainer": result["train_nodes_per_trainer"],
         "summary": summary, "judged": judged,

@@ -278,6 +278,7 @@ class LocalCluster:
     workdir: Path
     num_parts: int = 2
     num_trainers: int | None = None  # None: one per partition
+    num_samplers: int = 0  # DGL sampler processes per trainer (DGL_NUM_SAMPLER)
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
     trainer_log_dir: Path | None = None
@@ -302,8 +303,9 @@ class LocalCluster:
         self.ip_config.write_text("".join(f"127.0.0.1 {port}\n" for port in ports))
         common = {
             **os.environ, **self.env,
-            "DGL_NUM_SAMPLER": "0",
-            "DGL_NUM_CLIENT": str(self.num_trainers),  # trainers x (1 + samplers) x machines
+            "DGL_NUM_SAMPLER": str(self.num_samplers),
+            # trainers x (1 + samplers) x machines
+            "DGL_NUM_CLIENT": str((self.num_trainers or self.num_parts) * (1 + self.num_samplers)),
             "DGL_CONF_PATH": str(self.part_config),
             "DGL_IP_CONFIG": str(self.ip_config),
             "DGL_NUM_SERVER": "1",  # servers per machine
@@ -478,6 +480,24 @@ def isolate_shared_memory(token: str, machine: int) -> None:
     kvstore.empty_shared_mem = empty_shared_mem
 
 
+def isolate_shared_memory_in_dgl_samplers() -> None:
+    """In a DGL sampler process of a one-host trainer: map tables as the trainer does.
+
+    DGL spawns its sampler processes (``DGL_NUM_SAMPLER > 0``) with
+    multiprocessing's ``spawn``, which imports the trainer's main script --
+    and so this module -- in each of them, but runs none of the trainer's
+    code; this runs at import there (a spawned child of a ``DGL_ROLE=client``
+    process of a one-host launch) and nowhere else.
+    """
+    import multiprocessing
+
+    token = os.environ.get(ONE_HOST_ENV)
+    # parent_process() is not set yet while a spawned child imports the main script
+    if (token is not None and os.environ.get("DGL_ROLE") == "client"
+            and multiprocessing.current_process().name != "MainProcess"):
+        isolate_shared_memory(token, machine=0)
+
+
 def run_server() -> None:
     """The ``DGL_ROLE=server`` role: serve one partition until the trainers are done."""
     import dgl
@@ -550,7 +570,7 @@ def init_trainer(threads: int = 1, gloo_timeout_s: float = 1800.0) -> Trainer:
     book = g.get_partition_book()
     if token is not None:  # DGL put us on machine 0; our share is partition `rank`'s
         book = dgl.distributed.load_partition_book(str(part_config), rank)[0]
-    if dgl.distributed.rpc.get_num_client() % book.num_partitions() == 0:
+    if dgl.distributed.role.get_num_trainers() % book.num_partitions() == 0:
         splits = [dgl.distributed.node_split(g.ndata[f"{s}_mask"], book, force_even=True)
                   for s in ("train", "val", "test")]
     else:  # fewer trainers than partitions (a benchmark's 1 trainer): node_split refuses it
@@ -794,7 +814,7 @@ def run_trainer(main: Callable[[], None]) -> None:
 
 # --------------------------------------------------------------------------- launcher
 def launch(command: Sequence[str], part_config: Path, *, num_parts: int,
-           num_trainers: int | None = None,
+           num_trainers: int | None = None, num_samplers: int = 0,
            log_dir: Path | None = None, job_timeout: float = 0.0,
            env: dict[str, str] | None = None, threads: int = 1,
            on_poll: Callable[[LocalCluster], None] | None = None,
@@ -811,7 +831,7 @@ def launch(command: Sequence[str], part_config: Path, *, num_parts: int,
             workdir = Path(tmp)
             result_path = workdir / "result.json"
             cluster = LocalCluster(command, part_config, workdir, num_parts=num_parts,
-                                   num_trainers=num_trainers,
+                                   num_trainers=num_trainers, num_samplers=num_samplers,
                                    env={**(env or {}), RESULT_ENV: str(result_path)},
                                    log_dir=log_dir, trainer_threads=threads)
             status = 1
@@ -888,6 +908,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     return launcher_main(args, argv)
 
+
+isolate_shared_memory_in_dgl_samplers()
 
 if __name__ == "__main__":
     sys.exit(main())
