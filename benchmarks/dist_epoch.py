@@ -275,9 +275,10 @@ def render(report: dict[str, Any]) -> str:
                 f"{trainers} trainer process{'es' if trainers > 1 else ''} and the two "
                 "servers (whose CPU is not measured here); the trainer's two threads "
                 "mostly took turns rather than running side by side. Both run much Python "
-                "(DGL's distributed sampling in the producer, DGL's message passing in the "
-                "GraphSAGE step), and a thread runs Python only while it holds the GIL -- "
-                "the likely reason; not measured directly.")
+                + ("(the producer unpickles the sampler process's blocks and pulls the rows; "
+                   if samplers else "(DGL's distributed sampling in the producer; ")
+                + "DGL's message passing in the GraphSAGE step), and a thread runs Python "
+                "only while it holds the GIL -- the likely reason; not measured directly.")
         else:
             thread_line += (
                 "With as many trainer processes as cores (and the servers besides), the "
