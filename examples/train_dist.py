@@ -290,11 +290,14 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.ip_config = self.workdir / "ip_config.txt"
         self.log_dir = self.log_dir or self.workdir
-        if self.num_trainers is None:
-            self.num_trainers = self.num_parts
-        if not 1 <= self.num_trainers <= self.num_parts:
+        if not 1 <= self.trainer_count <= self.num_parts:
             raise ValueError(f"num_trainers must be in [1, {self.num_parts}] (one host: at most "
                              f"one trainer per partition), got {self.num_trainers}")
+
+    @property
+    def trainer_count(self) -> int:
+        """How many trainers: ``num_trainers``, or one per partition."""
+        return self.num_parts if self.num_trainers is None else self.num_trainers
 
     # -- start --------------------------------------------------------------
     def start(self) -> None:
@@ -305,7 +308,7 @@ class LocalCluster:
             **os.environ, **self.env,
             "DGL_NUM_SAMPLER": str(self.num_samplers),
             # trainers x (1 + samplers) x machines
-            "DGL_NUM_CLIENT": str((self.num_trainers or self.num_parts) * (1 + self.num_samplers)),
+            "DGL_NUM_CLIENT": str(self.trainer_count * (1 + self.num_samplers)),
             "DGL_CONF_PATH": str(self.part_config),
             "DGL_IP_CONFIG": str(self.ip_config),
             "DGL_NUM_SERVER": "1",  # servers per machine
@@ -321,10 +324,10 @@ class LocalCluster:
                        OMP_NUM_THREADS=str(self.server_threads))
             self._spawn("server", i, env, (self.log_dir or self.workdir) / f"server-{i}.log")
         master_port = free_port(taken)
-        for rank in range(self.num_trainers or self.num_parts):
+        for rank in range(self.trainer_count):
             env = dict(common, DGL_ROLE="client", DGL_DIST_MODE="distributed", DGL_GROUP_ID="0",
                        OMP_NUM_THREADS=str(self.trainer_threads),
-                       RANK=str(rank), WORLD_SIZE=str(self.num_trainers), GROUP_RANK=str(rank),
+                       RANK=str(rank), WORLD_SIZE=str(self.trainer_count), GROUP_RANK=str(rank),
                        LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(master_port))
             log = (None if self.trainer_log_dir is None

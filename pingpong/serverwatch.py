@@ -83,8 +83,7 @@ class ServerWatch:
     """
 
     def __init__(self, watched: list[tuple[Server, socket.socket]]) -> None:
-        self._watched = watched
-        self._servers = [server for server, _ in watched]
+        self._watched = watched  # kept after close(): check() then reads none of them
         self._lock = threading.Lock()
         self._gone: str | None = None  # the message, once a server is gone
         self._closed = False
@@ -96,34 +95,30 @@ class ServerWatch:
         Raises ``ConnectionError`` naming a server this process has no
         established connection to (so the caller can decide to watch the others).
         """
-        servers = list(servers)
         conns = _tcp_connections()
+        found = {server: [c for c in conns
+                          if c.raddr and (c.raddr.ip, c.raddr.port) == (server.ip, server.port)
+                          and c.status == psutil.CONN_ESTABLISHED and c.fd >= 0]
+                 for server in servers}
+        missing = [server for server, server_conns in found.items() if not server_conns]
+        if missing:
+            names = ", ".join(f"{s.label} ({s.ip}:{s.port})" for s in missing)
+            raise ConnectionError(f"no established TCP connection to {names}")
         watched: list[tuple[Server, socket.socket]] = []
-        missing = []
         try:
-            for server in servers:
-                found = [c for c in conns
-                         if c.raddr and (c.raddr.ip, c.raddr.port) == (server.ip, server.port)
-                         and c.status == psutil.CONN_ESTABLISHED and c.fd >= 0]
-                if not found:
-                    missing.append(server)
-                for conn in found:
+            for server, server_conns in found.items():
+                for conn in server_conns:
                     watched.append((server, socket.fromfd(conn.fd, conn.family, conn.type)))
         except BaseException:
             for _, sock in watched:
                 sock.close()
             raise
-        if missing:
-            for _, sock in watched:
-                sock.close()
-            names = ", ".join(f"{s.label} ({s.ip}:{s.port})" for s in missing)
-            raise ConnectionError(f"no established TCP connection to {names}")
         return cls(watched)
 
     @property
     def servers(self) -> list[Server]:
         """The servers watched (one entry per connection; kept after :meth:`close`)."""
-        return list(self._servers)
+        return [server for server, _ in self._watched]
 
     def check(self) -> None:
         """Raise :class:`~pingpong.errors.ServerGoneError` if a watched connection is no
@@ -147,9 +142,8 @@ class ServerWatch:
             if self._closed:
                 return
             self._closed = True
-            watched, self._watched = self._watched, []
         _unguard(self)
-        for _, sock in watched:
+        for _, sock in self._watched:
             sock.close()
 
     def __repr__(self) -> str:

@@ -185,10 +185,6 @@ class ParkAt:
             yield item
             i += 1
 
-    def __len__(self) -> int:
-        return len(self.source) if hasattr(self.source, "__len__") else int(
-            self.source.expected_idxs)
-
 
 class InjectId:
     """Yields the source's items; item ``at`` gets ``bad_id`` appended to its input nodes."""
