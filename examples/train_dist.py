@@ -399,10 +399,23 @@ class LocalCluster:
                 log(f"job timeout ({timeout:.0f} s): stopping the job")
                 return 124
             time.sleep(0.1)
-        end = time.monotonic() + 30.0
-        while any(p.popen.poll() is None for p in self.servers) and time.monotonic() < end:
-            time.sleep(0.1)
+        self.wait_for_servers()
         return 0
+
+    def wait_for_servers(self, timeout: float = 30.0) -> bool:
+        """After the trainers: give the servers ``timeout`` s to shut down; True if all did.
+
+        DGL's last trainer tells them to, and a server needs a moment after
+        that trainer is gone (it finalizes its sockets, sleeping in 1 s steps
+        while a queue drains). Stopping it earlier sends SIGTERM into that
+        shutdown: DGL's handler then calls ``exit(1)``, which can hang.
+        """
+        end = time.monotonic() + timeout
+        while any(p.popen.poll() is None for p in self.servers):
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+        return True
 
     # -- stop ---------------------------------------------------------------
     def stop(self, grace: float = 5.0) -> None:

@@ -79,9 +79,7 @@ def run_job(mode: str, out: Path, part_dir: Path) -> tuple[dict[str, Any], list[
         returncode, stdout, stderr = run_in_own_session(
             [sys.executable, str(JOB), mode, str(out), str(part_dir)], timeout=JOB_LIMIT_S,
             env=dict(os.environ, OMP_NUM_THREADS="1"))
-        logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                         for p in sorted(out.glob("*.log")))
-        assert returncode == 0, stdout[-3000:] + stderr[-3000:] + logs
+        assert returncode == 0, stdout[-3000:] + stderr[-3000:] + job_logs(out)
     finally:
         if (out / "pids.json").exists():
             assert_all_gone(out / "pids.json")
@@ -89,6 +87,12 @@ def run_job(mode: str, out: Path, part_dir: Path) -> tuple[dict[str, Any], list[
     ranks = [json.loads(p.read_text()) if p.exists() else {}
              for p in (out / f"rank{r}.json" for r in range(2))]
     return job, ranks
+
+
+def job_logs(out: Path) -> str:
+    """The tails of a job's server and trainer logs, for a failure message."""
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                     for p in sorted(out.glob("*.log")))
 
 
 # --------------------------------------------------------------------------- processes
@@ -139,7 +143,8 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
     DistTensors, bit for bit, and the original tables through DGL's renumbering."""
     job, ranks = run_job("equal", tmp_path, part_dir)
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
-    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}  # shut down by DGL
+    # shut down by DGL's last trainer
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
     for report in ranks:
         assert report["loader"] == "PingPongLoader"
         epochs = report["epochs"]
@@ -168,6 +173,7 @@ def test_out_of_range_id_is_refused_before_any_pull(part_dir: Path, tmp_path: Pa
     were pulled for batches 0 and 1 only -- never with the bad id."""
     job, ranks = run_job("bad-id", tmp_path, part_dir)
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
     for report in ranks:
         assert report["exception"] == "IdRangeError"
         assert report["is_id_range_error"]

@@ -302,6 +302,8 @@ def launcher_main(mode: str, out: Path, part_dir: Path) -> int:
                              "token": cluster.token})
             write_json(out / "pids.json", pids)
             job["trainers"] = wait_for_trainers(cluster, mode, out, job)
+            if all(t["returncode"] == 0 for t in job["trainers"].values()):
+                cluster.wait_for_servers()  # DGL shuts them down; stop() would interrupt it
         finally:
             cluster.stop()
         job["servers"] = {str(p.index): td.describe_exit(p.popen.returncode)
