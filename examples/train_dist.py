@@ -614,14 +614,21 @@ class DelayedRows:
     """A row source: another one's rows, after sleeping ``delay_s`` (a network's latency).
 
     ``delay_s`` may be changed between epochs. ``pulls`` counts the calls.
+    With ``local=True`` it passes on the wrapped ``DistTensor``'s
+    ``local_partition`` and ``part_policy``, so that pingpong reads the rows of
+    this machine's partition in place and pulls (and waits) only for the others;
+    with ``local=False`` every row goes through a pull.
     """
 
-    def __init__(self, rows: Any, delay_s: float = 0.0) -> None:
+    def __init__(self, rows: Any, delay_s: float = 0.0, *, local: bool = True) -> None:
         self.rows = rows
         self.delay_s = delay_s
         self.shape = tuple(rows.shape)
         self.dtype = rows.dtype
         self.pulls = 0
+        if local and hasattr(rows, "local_partition") and hasattr(rows, "part_policy"):
+            self.local_partition = rows.local_partition
+            self.part_policy = rows.part_policy
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         self.pulls += 1

@@ -24,7 +24,7 @@ from ._ids import TableIds, batch_ids
 from .cache import FeatureCache
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
-from .rowsource import RemoteTable
+from .rowsource import FetchedRows, RemoteTable
 from .slots import Buffer, Slot
 from .stats import LoaderStats
 from .store import FeatureStore, Table
@@ -128,7 +128,8 @@ def produce(
                 )
                 graphs = place_graphs(plan.graphs, device.torch_device)
                 t2 = time.perf_counter()
-                fetched = _fetch_remote(store, x_ids, y_ids, health)
+                fetched = _fetch_remote(store, x_ids, y_ids, device.supports_local_rows,
+                                        health)
                 t_fetched = time.perf_counter()
                 slot = _take_free_slot(free_q, stop, poll_s)
                 if slot is None:
@@ -150,6 +151,7 @@ def produce(
                     fetch_s=t_fetched - t2,
                     gather_s=t4 - t3,
                     rows_gathered=_input_rows(store, x_ids),
+                    **_fetched_counts(fetched),
                     bytes_gathered=(_bytes(store.tables, x_ids)
                                     + _bytes(store.label_tables, y_ids)),
                 )
@@ -181,15 +183,16 @@ def _bytes(tables: dict[str | None, Table], ids: TableIds) -> int:
 
 
 #: Rows fetched from row sources for one batch, by (feature or label) table.
-Fetched = dict[int, torch.Tensor]
+Fetched = dict[int, FetchedRows]
 
 
 def _fetch_remote(
-    store: FeatureStore, x_ids: TableIds, y_ids: TableIds,
+    store: FeatureStore, x_ids: TableIds, y_ids: TableIds, read_local: bool,
     health: Callable[[], None] | None = None,
 ) -> Fetched:
     """Fetch the batch's rows from every row source (before a slot is taken),
-    calling ``health`` before each fetch.
+    calling ``health`` before each fetch; with ``read_local``, the rows a
+    source holds locally are left to be read in place (:class:`FetchedRows`).
 
     Keyed by ``id(table)``; a homogeneous store's tables share one id array.
     """
@@ -199,8 +202,16 @@ def _fetch_remote(
             if isinstance(table, RemoteTable) and key in ids:
                 if health is not None:
                     health()
-                fetched[id(table)] = table.fetch(ids[key])
+                fetched[id(table)] = table.fetch_split(ids[key], read_local)
     return fetched
+
+
+def _fetched_counts(fetched: Fetched) -> dict[str, int]:
+    """Rows that came through row sources' ``[ids]`` and rows read in place, for the stats."""
+    through_source = sum(0 if f.rows is None else int(f.rows.shape[0])
+                         for f in fetched.values())
+    in_place = sum(int(f.local_rows.shape[0]) for f in fetched.values())
+    return {"rows_fetched": through_source, "rows_read_in_place": in_place}
 
 
 def _gather_all(
@@ -218,10 +229,23 @@ def _gather_all(
         out[key] = buffer.rows(n)
         table = buffer.table
         if isinstance(table, RemoteTable):
-            device.copy_rows(table, fetched[id(table)], out[key])
+            _place_fetched(table, fetched[id(table)], out[key], device)
         else:
             device.gather(table, ids[key], out[key])
     return out
+
+
+def _place_fetched(table: RemoteTable, rows: FetchedRows, out: torch.Tensor,
+                   device: Device) -> None:
+    """Queue the writes that put a row source's batch rows into ``out``."""
+    if rows.positions is None:
+        assert rows.rows is not None
+        device.copy_rows(table, rows.rows, out)
+        return
+    assert table.local is not None
+    device.gather_at(table.local.table, rows.local_rows, rows.local_positions, out)
+    if rows.rows is not None:
+        device.copy_rows_at(table, rows.rows, rows.positions, out)
 
 
 def _fill(

@@ -22,20 +22,51 @@ the slot (on CUDA through a pinned staging buffer on the copy stream).  Ids
 are checked against ``N`` before any fetch; a fetch that raises reaches the
 training loop with its original exception; a fetch that returns the wrong
 shape or dtype raises :class:`~pingpong.errors.TableError`.
+
+**Rows held locally are read in place.**  A row source may say which of its
+rows live in this process's memory, the way a ``DistTensor`` does:
+
+- ``local_partition`` -- a C-contiguous CPU tensor (for DGL: the shared-memory
+  table of this machine's partition) with the source's row shape and dtype;
+- ``part_policy`` -- with ``part_id`` (this machine's partition),
+  ``to_partid(ids)`` (the partition of each id) and ``to_local(ids)`` (the
+  row of ``local_partition`` that holds each id of partition ``part_id``), all
+  taking and returning 1-D integer tensors; and, if it has
+  ``get_part_size()``, that must equal ``len(local_partition)``.
+
+For such a source, on a device that supports it (the CPU device), a batch's
+ids are split: the rows of this machine's partition are gathered by the
+kernel straight from ``local_partition`` into their places in the slot, and
+only the other ids are fetched through ``source[ids]`` (none, if every row is
+local), their rows then copied to their places.  Local row numbers are
+checked against ``len(local_partition)`` before the kernel reads anything.
+The batch is bit for bit what ``source[ids]`` would have returned.  A source
+whose local part is missing, of another shape or dtype, not contiguous, or
+inconsistent with its policy is fetched whole, as any other row source (the
+reason is logged).  To opt out, pass an object that forwards ``shape``,
+``dtype`` and ``__getitem__`` only.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from .errors import TableError
 
-__all__ = ["RemoteTable", "RowSource", "is_row_source", "make_remote_table"]
+if TYPE_CHECKING:
+    from .store import HostTable
+
+__all__ = [
+    "FetchedRows", "LocalPart", "RemoteTable", "RowSource", "is_row_source", "make_remote_table",
+]
+
+logger = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -61,6 +92,70 @@ def is_row_source(value: Any) -> bool:
     )
 
 
+#: No rows (int64): the local rows of a batch without any.
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class LocalPart:
+    """The rows of a row source held in this process's memory (see the module docstring).
+
+    Attributes:
+        table: ``local_partition`` as a validated host table (never copied).
+        part_id: the partition whose rows it holds.
+        policy: maps global ids to partitions and to rows of ``table``.
+    """
+
+    table: HostTable
+    part_id: int
+    policy: Any
+
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(positions, rows)``: which of ``ids`` (validated, int64) are local, and
+        the row of ``table`` holding each of them.
+
+        Raises:
+            TableError: the policy maps an id to a row outside ``table`` --
+                checked here, before any kernel reads ``table``.
+        """
+        id_tensor = torch.from_numpy(ids)
+        is_local = torch.as_tensor(self.policy.to_partid(id_tensor)) == self.part_id
+        positions = torch.nonzero(is_local).reshape(-1)
+        if positions.numel() == 0:
+            return _NO_ROWS, _NO_ROWS
+        local = torch.as_tensor(self.policy.to_local(id_tensor[positions]))
+        rows: np.ndarray = local.to(torch.int64).reshape(-1).numpy()
+        if rows.shape[0] != positions.shape[0]:
+            raise TableError(
+                f"{self.table.name}: part_policy.to_local returned {rows.shape[0]} rows for "
+                f"{positions.shape[0]} ids"
+            )
+        low, high = int(rows.min()), int(rows.max())
+        if low < 0 or high >= self.table.num_rows:
+            bad = low if low < 0 else high
+            raise TableError(
+                f"{self.table.name}: part_policy.to_local maps an id of partition "
+                f"{self.part_id} to row {bad}, outside its {self.table.num_rows} local rows"
+            )
+        return positions.numpy(), rows
+
+
+@dataclass(frozen=True)
+class FetchedRows:
+    """A batch's rows of one row source, before they go into the slot.
+
+    ``rows`` came through ``source[ids]``: all of the batch's rows in order
+    (``positions is None``), or only those not held locally, row ``k`` going to
+    batch position ``positions[k]``. ``local_rows[k]`` of the local part goes to
+    batch position ``local_positions[k]`` (both empty without a local part).
+    """
+
+    rows: torch.Tensor | None
+    positions: np.ndarray | None
+    local_rows: np.ndarray
+    local_positions: np.ndarray
+
+
 @dataclass(frozen=True)
 class RemoteTable:
     """A validated row source (see the module docstring).
@@ -69,6 +164,7 @@ class RemoteTable:
         name: what the table is called in error messages.
         source: the user's object.
         num_rows, row_shape, dtype: from its ``shape`` and ``dtype``.
+        local: the rows it holds in this process's memory, or None.
     """
 
     name: str
@@ -76,6 +172,7 @@ class RemoteTable:
     num_rows: int
     row_shape: tuple[int, ...]
     dtype: torch.dtype
+    local: LocalPart | None = None
 
     @property
     def row_bytes(self) -> int:
@@ -85,6 +182,23 @@ class RemoteTable:
     def nbytes_local(self) -> int:
         """Bytes of it held in this process's memory by pingpong: none."""
         return 0
+
+    def fetch_split(self, ids: np.ndarray, read_local: bool) -> FetchedRows:
+        """The batch's rows at ``ids`` (validated): with ``read_local`` and a
+        local part, only the others are fetched (see :class:`FetchedRows`).
+
+        Raises what :meth:`fetch` and :meth:`LocalPart.locate` raise.
+        """
+        if not read_local or self.local is None:
+            return FetchedRows(self.fetch(ids), None, _NO_ROWS, _NO_ROWS)
+        ids = np.asarray(ids, dtype=np.int64)
+        local_positions, local_rows = self.local.locate(ids)
+        if local_positions.shape[0] == ids.shape[0]:  # all local: nothing to fetch
+            return FetchedRows(None, _NO_ROWS, local_rows, local_positions)
+        remote = np.ones(ids.shape[0], dtype=bool)
+        remote[local_positions] = False
+        positions = np.flatnonzero(remote)
+        return FetchedRows(self.fetch(ids[positions]), positions, local_rows, local_positions)
 
     def fetch(self, ids: np.ndarray) -> torch.Tensor:
         """The rows at ``ids`` (validated), as a contiguous CPU tensor; checks what came back.
@@ -109,7 +223,8 @@ class RemoteTable:
 
 
 def make_remote_table(value: Any, name: str) -> RemoteTable:
-    """Validate a row source (``TableError`` naming what is wrong)."""
+    """Validate a row source (``TableError`` naming what is wrong), with its local part
+    (:func:`find_local_part`) if it has a usable one."""
     shape = tuple(int(d) for d in value.shape)
     dtype = value.dtype
     if not isinstance(dtype, torch.dtype):
@@ -118,4 +233,50 @@ def make_remote_table(value: Any, name: str) -> RemoteTable:
         raise TableError(f"{name} must have at least 1 dimension (rows), got shape {shape}")
     if shape[0] == 0 or math.prod(shape) == 0:
         raise TableError(f"{name} is empty (shape {shape})")
-    return RemoteTable(name, value, shape[0], shape[1:], dtype)
+    table = RemoteTable(name, value, shape[0], shape[1:], dtype)
+    local = find_local_part(table)
+    return table if local is None else RemoteTable(name, value, shape[0], shape[1:], dtype, local)
+
+
+def find_local_part(table: RemoteTable) -> LocalPart | None:
+    """The source's ``local_partition`` and ``part_policy`` as a :class:`LocalPart`, or
+    None -- logging why -- when it has none or one pingpong cannot read in place."""
+    from .store import make_host_table  # store imports this module
+
+    source = table.source
+    names = ("local_partition", "part_policy")
+    if not all(name in dir(source) for name in names):  # dir(): no property runs
+        return None
+    try:
+        rows, policy = source.local_partition, source.part_policy
+        problem = _local_part_problem(table, rows, policy)
+        if problem is None:
+            return LocalPart(make_host_table(rows, f"{table.name}.local_partition"),
+                             int(policy.part_id), policy)
+    except Exception as exc:  # noqa: BLE001 - whatever it is, the rows are fetched instead
+        problem = f"reading it raised {exc!r}"
+    logger.info("pingpong: %s: rows of the local partition are fetched like the "
+                "others, not read in place: %s", table.name, problem)
+    return None
+
+
+def _local_part_problem(table: RemoteTable, rows: Any, policy: Any) -> str | None:
+    """Why ``rows``/``policy`` cannot serve ``table``'s local rows in place, or None."""
+    if not isinstance(rows, torch.Tensor):
+        return f"local_partition is a {type(rows).__name__}, not a torch.Tensor"
+    if rows.device.type != "cpu" or rows.layout != torch.strided:
+        return f"local_partition is not a dense CPU tensor ({rows.device}, {rows.layout})"
+    if tuple(rows.shape[1:]) != table.row_shape or rows.dtype != table.dtype:
+        return (f"local_partition has rows {tuple(rows.shape[1:])} {rows.dtype}, the table "
+                f"{table.row_shape} {table.dtype}")
+    if rows.shape[0] == 0:
+        return "local_partition is empty"
+    if not rows.is_contiguous():
+        return "local_partition is not contiguous"
+    if not all(callable(getattr(policy, f, None)) for f in ("to_partid", "to_local")):
+        return "part_policy has no to_partid/to_local"
+    size = getattr(policy, "get_part_size", None)
+    if callable(size) and int(size()) != rows.shape[0]:
+        return (f"part_policy.get_part_size() is {int(size())}, local_partition has "
+                f"{rows.shape[0]} rows")
+    return None

@@ -3,41 +3,45 @@
 The producer and the consumer each add to their own counters under one lock;
 :meth:`LoaderStats.snapshot` returns a plain dict.  Keys:
 
-====================  ==========================================================
-key                   meaning
-====================  ==========================================================
-``epochs``            epochs started
-``batches``           batches delivered to the training loop
-``rows_gathered``     feature rows gathered (all tables count once per node)
-``bytes_gathered``    feature + label bytes written into slots
-``sample_s``          producer time spent waiting for the source (sampling)
-``validate_s``        producer time spent checking ids
-``fetch_s``           producer time spent fetching rows from row sources
-                      (``DistTensor`` pulls: :mod:`pingpong.rowsource`)
-``gather_s``          producer time spent issuing gathers and block transfers
-                      (on the CPU: doing them)
-``producer_busy_s``   ``sample_s + validate_s + fetch_s + gather_s``
-``producer_cpu_s``    CPU seconds the producer threads used (``time.thread_time``):
-                      what the pipeline takes from the training loop's cores,
-                      the source's (sampler's) work included
-``consumer_stall_s``  time the training loop waited inside ``next()``
-``overlap_ratio``     share of the producer's work hidden behind training:
-                      ``1 - consumer_stall_s / producer_busy_s`` (clamped to
-                      [0, 1]); 1.0 means the loop never waited for data
-``gather_gbps``       ``bytes_gathered / gather_s / 1e9`` (CPU: achieved gather
-                      bandwidth; CUDA: issue rate, not bandwidth)
-``cache_rows``        feature rows held by the hot-row cache (0: no cache, or
-                      not built yet; :mod:`pingpong.cache`)
-``cache_lookups``     feature rows gathered while the cache existed
-``cache_hits``        those served from the cache (not over PCIe)
-``cache_hit_rate``    ``cache_hits / cache_lookups`` (0.0 before any lookup)
-``cache_bytes_saved`` ``cache_hits * row_bytes``
-``slot_bytes``        device memory held by all slots now
-``slot_grows``        how many times a slot buffer was (re)allocated
-``wall_s``            seconds since the loader was created
-``process_cpu_s``     CPU seconds the whole process used since then (psutil)
-``rss_bytes``         the process's resident memory now (psutil)
-====================  ==========================================================
+========================  ==========================================================
+key                       meaning
+========================  ==========================================================
+``epochs``                epochs started
+``batches``               batches delivered to the training loop
+``rows_gathered``         feature rows gathered (all tables count once per node)
+``bytes_gathered``        feature + label bytes written into slots
+``rows_fetched``          rows that came through row sources' ``source[ids]``
+                          (``DistTensor`` pulls: :mod:`pingpong.rowsource`)
+``rows_read_in_place``    rows of row sources read from their local part
+                          (``DistTensor.local_partition``) straight into slots
+``sample_s``              producer time spent waiting for the source (sampling)
+``validate_s``            producer time spent checking ids
+``fetch_s``               producer time spent fetching rows from row sources
+                          (``DistTensor`` pulls: :mod:`pingpong.rowsource`)
+``gather_s``              producer time spent issuing gathers and block transfers
+                          (on the CPU: doing them)
+``producer_busy_s``       ``sample_s + validate_s + fetch_s + gather_s``
+``producer_cpu_s``        CPU seconds the producer threads used (``time.thread_time``):
+                          what the pipeline takes from the training loop's cores,
+                          the source's (sampler's) work included
+``consumer_stall_s``      time the training loop waited inside ``next()``
+``overlap_ratio``         share of the producer's work hidden behind training:
+                          ``1 - consumer_stall_s / producer_busy_s`` (clamped to
+                          [0, 1]); 1.0 means the loop never waited for data
+``gather_gbps``           ``bytes_gathered / gather_s / 1e9`` (CPU: achieved gather
+                          bandwidth; CUDA: issue rate, not bandwidth)
+``cache_rows``            feature rows held by the hot-row cache (0: no cache, or
+                          not built yet; :mod:`pingpong.cache`)
+``cache_lookups``         feature rows gathered while the cache existed
+``cache_hits``            those served from the cache (not over PCIe)
+``cache_hit_rate``        ``cache_hits / cache_lookups`` (0.0 before any lookup)
+``cache_bytes_saved``     ``cache_hits * row_bytes``
+``slot_bytes``            device memory held by all slots now
+``slot_grows``            how many times a slot buffer was (re)allocated
+``wall_s``                seconds since the loader was created
+``process_cpu_s``         CPU seconds the whole process used since then (psutil)
+``rss_bytes``             the process's resident memory now (psutil)
+========================  ==========================================================
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ class LoaderStats:
         "batches",
         "rows_gathered",
         "bytes_gathered",
+        "rows_fetched",
+        "rows_read_in_place",
         "sample_s",
         "validate_s",
         "fetch_s",
@@ -98,8 +104,8 @@ class LoaderStats:
             values: dict[str, Any] = dict(self._values)
             wall = time.perf_counter() - self._t0
             cpu = self._cpu_seconds() - self._cpu0
-        for key in ("epochs", "batches", "rows_gathered", "bytes_gathered", "cache_lookups",
-                    "cache_hits", "cache_bytes_saved"):
+        for key in ("epochs", "batches", "rows_gathered", "bytes_gathered", "rows_fetched",
+                    "rows_read_in_place", "cache_lookups", "cache_hits", "cache_bytes_saved"):
             values[key] = int(values[key])
         values["cache_rows"] = int(cache_rows)
         lookups = values["cache_lookups"]

@@ -157,6 +157,12 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
         assert epochs[0]["order_sha256"] != epochs[1]["order_sha256"], "not reshuffled"
         assert report["stats"]["batches"] == sum(e["batches"] for e in epochs)
         assert report["stats"]["fetch_s"] > 0  # the rows came through the row sources
+        # ... those of this machine's partition straight from its shared memory (no pull),
+        # the others through DGL's pull.
+        local = sum(e["local_rows"] for e in epochs)
+        assert report["stats"]["rows_read_in_place"] == local > 0
+        assert report["stats"]["rows_fetched"] == sum(
+            e["rows"] + e["label_rows"] for e in epochs) - local > 0
         # Both servers were watched through two epochs, and never reported gone.
         assert [w.split(" 127.0.0.1:")[0] for w in report["watched"]] == [
             "DGL server 0", "DGL server 1"]

@@ -116,6 +116,24 @@ class Device(abc.ABC):
         """
         byte_rows(out).copy_(byte_rows(rows))
 
+    @property
+    def supports_local_rows(self) -> bool:
+        """Whether :meth:`gather_at` and :meth:`copy_rows_at` work: a row source's
+        local rows are then read in place (:class:`~pingpong.rowsource.LocalPart`)."""
+        return False
+
+    def gather_at(self, table: HostTable, ids: np.ndarray, positions: np.ndarray,
+                  out: torch.Tensor) -> None:
+        """Copy stream: enqueue ``out[positions[k]] = table[ids[k]]`` for every ``k``
+        (ids validated; positions int64, distinct, in range)."""
+        raise ConfigError(f"gather mode {self.gather_mode!r} does not read rows in place")
+
+    def copy_rows_at(self, table: RemoteTable, rows: torch.Tensor, positions: np.ndarray,
+                     out: torch.Tensor) -> None:
+        """Copy stream: enqueue ``out[positions[k]] = rows[k]`` (rows fetched from a row
+        source, a contiguous host tensor; positions as for :meth:`gather_at`)."""
+        raise ConfigError(f"gather mode {self.gather_mode!r} does not read rows in place")
+
     def move_graphs(self, graphs: list[Any]) -> list[Any]:
         """Copy stream: put a fill's graphs on this device (default: as they are).
 

@@ -22,7 +22,15 @@ import torch
 
 from ..errors import ConfigError
 from ..kernels._warmup import WarmUpThread, start_warm_up
-from ..kernels.cpu import gather_is_ready, gather_rows_cpu_unchecked, warm_up_cpu
+from ..kernels.cpu import (
+    gather_at_is_ready,
+    gather_is_ready,
+    gather_rows_at_cpu_unchecked,
+    gather_rows_cpu_unchecked,
+    warm_up_cpu,
+    warm_up_cpu_at,
+)
+from ..rowsource import RemoteTable
 from ..store import FeatureStore, HostTable, byte_rows
 from .base import COMPLETED, Device, Event
 
@@ -63,11 +71,17 @@ class CPUDevice(Device):
     def attach(self, store: FeatureStore) -> None:
         if self._warm_up is not None:
             return
-        # Row sources (pingpong.rowsource) are fetched and copied, never gathered here.
+        # Row sources (pingpong.rowsource) are fetched and copied, except the rows
+        # they hold locally: those are gathered in place, by the positioned kernel.
         tables = [table.byte_rows for table in store.all_tables if isinstance(table, HostTable)]
-        self._warm_up = start_warm_up(
-            lambda should_stop: warm_up_cpu(tables, should_stop=should_stop)
-        )
+        local = [table.local.table.byte_rows for table in store.all_tables
+                 if isinstance(table, RemoteTable) and table.local is not None]
+
+        def warm_up(should_stop: Any) -> list[tuple[object, ...]]:
+            ready = warm_up_cpu(tables, should_stop=should_stop)
+            return ready + warm_up_cpu_at(local, should_stop=should_stop)
+
+        self._warm_up = start_warm_up(warm_up)
 
     def detach(self) -> None:
         warm_up = self._warm_up
@@ -110,6 +124,27 @@ class CPUDevice(Device):
                 torch.index_select(byte_rows(table.tensor), 0, index, out=out_rows)
             return
         gather_rows_cpu_unchecked(table.byte_rows, ids, out_np)
+
+    @property
+    def supports_local_rows(self) -> bool:
+        return True
+
+    def gather_at(self, table: HostTable, ids: np.ndarray, positions: np.ndarray,
+                  out: torch.Tensor) -> None:
+        out_rows = byte_rows(out)
+        warm_up = self._warm_up
+        if (warm_up is not None and not warm_up.done.is_set()
+                and not gather_at_is_ready(table.byte_rows, out_rows.numpy())):
+            # Not loaded yet: the same bytes, without a JIT.
+            if len(ids):
+                rows = torch.index_select(byte_rows(table.tensor), 0, torch.from_numpy(ids))
+                out_rows.index_copy_(0, torch.from_numpy(positions), rows)
+            return
+        gather_rows_at_cpu_unchecked(table.byte_rows, ids, positions, out_rows.numpy())
+
+    def copy_rows_at(self, table: RemoteTable, rows: torch.Tensor, positions: np.ndarray,
+                     out: torch.Tensor) -> None:
+        byte_rows(out).index_copy_(0, torch.from_numpy(positions), byte_rows(rows))
 
     def record(self) -> Event:
         return COMPLETED

@@ -369,6 +369,37 @@ class FakeAsyncDevice(Device):
         self._pending.append(out)
         self.copy_stream.put("call", (run, None))
 
+    @property
+    def supports_local_rows(self) -> bool:
+        return True
+
+    def gather_at(self, table: HostTable, ids: np.ndarray, positions: np.ndarray,
+                  out: torch.Tensor) -> None:
+        self._host_call("gather")
+        staged = np.array(ids, dtype=np.int64, copy=True)  # taken now, run later
+        places = np.array(positions, dtype=np.int64, copy=True)
+        rows = table.byte_rows
+        out_rows = byte_rows(out).numpy()
+
+        def run() -> None:
+            out_rows[places] = rows[staged]
+
+        self._pending.append(out)
+        self.copy_stream.put("call", (run, None))
+
+    def copy_rows_at(self, table: RemoteTable, rows: torch.Tensor, positions: np.ndarray,
+                     out: torch.Tensor) -> None:
+        self._host_call("gather")
+        source = byte_rows(rows).numpy().copy()  # like a pinned staging copy: taken now
+        places = np.array(positions, dtype=np.int64, copy=True)
+        out_rows = byte_rows(out).numpy()
+
+        def run() -> None:
+            out_rows[places] = source
+
+        self._pending.append(out)
+        self.copy_stream.put("call", (run, None))
+
     def copy_rows(self, table: RemoteTable, rows: torch.Tensor, out: torch.Tensor) -> None:
         self._host_call("gather")
         source = byte_rows(rows).clone()  # like a pinned staging copy: taken now

@@ -47,6 +47,21 @@ def _gather_words(table, ids, out, rows_per_chunk):  # pragma: no cover - compil
                 out[i, j] = table[row, j]
 
 
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _gather_words_at(table, ids, positions, out, rows_per_chunk):  # pragma: no cover - compiled
+    n = ids.shape[0]
+    width = table.shape[1]
+    num_chunks = (n + rows_per_chunk - 1) // rows_per_chunk
+    for c in numba.prange(num_chunks):
+        start = c * rows_per_chunk
+        stop = min(start + rows_per_chunk, n)
+        for i in range(start, stop):
+            row = ids[i]
+            dst = positions[i]
+            for j in range(width):
+                out[dst, j] = table[row, j]
+
+
 #: Word dtype per word size; ``as_words`` views rows as these.
 _WORDS: dict[int, np.dtype] = {
     8: np.dtype(np.int64),
@@ -94,6 +109,24 @@ def gather_rows_cpu_unchecked(table: np.ndarray, ids: np.ndarray, out: np.ndarra
     size = word_bytes(table.shape[1] * table.dtype.itemsize, _address(table), _address(out))
     with parallel_launch_lock():
         _gather_words(as_words(table, size), ids, as_words(out, size), _ROWS_PER_CHUNK)
+
+
+def gather_rows_at_cpu_unchecked(
+    table: np.ndarray, ids: np.ndarray, positions: np.ndarray, out: np.ndarray
+) -> None:
+    """``out[positions[k]] = table[ids[k]]`` for every ``k``, without checks.
+
+    Callers must have validated ``ids`` (in ``[0, len(table))``), ``positions``
+    (int64, same length, distinct, in ``[0, len(out))``) and the shapes; as for
+    :func:`gather_rows_cpu_unchecked`, ``table`` and ``out`` are C-contiguous
+    2-D arrays of one dtype.
+    """
+    if ids.shape[0] == 0 or table.shape[1] == 0:
+        return
+    size = word_bytes(table.shape[1] * table.dtype.itemsize, _address(table), _address(out))
+    with parallel_launch_lock():
+        _gather_words_at(as_words(table, size), ids, positions, as_words(out, size),
+                         _ROWS_PER_CHUNK)
 
 
 def gather_rows_cpu(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
@@ -153,10 +186,40 @@ WARM_UP_ID_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
 _ready: set[tuple[int, np.dtype]] = set()
 
 
+#: Word bytes of every positioned gather (int64 ids and positions) a warm-up made ready.
+_ready_at: set[int] = set()
+
+
 def gather_is_ready(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> bool:
     """True if a warm-up made ready the specialisation this gather would run."""
     size = word_bytes(table.shape[1] * table.dtype.itemsize, _address(table), _address(out))
     return (size, ids.dtype) in _ready
+
+
+def gather_at_is_ready(table: np.ndarray, out: np.ndarray) -> bool:
+    """True if a warm-up made ready the positioned gather from ``table`` into ``out``."""
+    return word_bytes(table.shape[1] * table.dtype.itemsize, _address(table),
+                      _address(out)) in _ready_at
+
+
+def warm_up_cpu_at(
+    tables: Iterable[int | np.ndarray], should_stop: Callable[[], bool] | None = None
+) -> list[tuple[object, ...]]:
+    """Compile, or load from the disk cache, the positioned gather (int64 ids and
+    positions) for every word width ``tables`` need (see :func:`warm_up_cpu`);
+    record each as ready. Returns the signatures made ready."""
+    stop = should_stop or (lambda: False)
+    ready: list[tuple[object, ...]] = []
+    int64s = numba.typeof(np.empty(1, dtype=np.int64))
+    for size in sorted({_table_word(table) for table in tables}, reverse=True):
+        if stop():
+            break
+        words = numba.typeof(np.empty((1, 1), dtype=_WORDS[size]))
+        signature = (words, int64s, int64s, words, numba.typeof(_ROWS_PER_CHUNK))
+        _gather_words_at.compile(signature)
+        _ready_at.add(size)
+        ready.append(signature)
+    return ready
 
 
 def warm_up_cpu(

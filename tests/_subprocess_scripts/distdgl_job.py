@@ -143,11 +143,15 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
                 digest.update(bits(x).numpy().tobytes())
             order = torch.cat([k[1] for k in kept])
             seeds = order.sort().values
+            policy = feat.part_policy  # label's is the same node policy
+            local_rows = sum(int((policy.to_partid(ids) == policy.part_id).sum())
+                             for k in kept for ids in k[:2])
             epochs.append({
                 "order_sha256": hashlib.sha256(order.numpy().tobytes()).hexdigest(),
                 "batches": len(kept), "len_loader": len(loader),
                 "mismatch_vs_sync_pull": diff_sync, "mismatch_vs_original": diff_truth,
                 "rows": int(sum(len(k[0]) for k in kept)), "x_digest": digest.hexdigest(),
+                "label_rows": int(order.shape[0]), "local_rows": local_rows,
                 "seeds_are_train_share": bool(torch.equal(seeds, tr.train_nids.sort().values)),
             })
         stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
@@ -200,8 +204,10 @@ class InjectId:
 
 
 def trainer_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
-    feat = td.DelayedRows(tr.g.ndata["feat"])  # counts pulls; a row source itself
-    label = td.DelayedRows(tr.g.ndata["label"])
+    # Counts pulls; a row source itself. local=False: every batch is pulled, none
+    # read in place, so the counts say which batches were.
+    feat = td.DelayedRows(tr.g.ndata["feat"], local=False)
+    label = td.DelayedRows(tr.g.ndata["label"], local=False)
     n = feat.shape[0]
     bad = n - 1 if BREAK == "in-range" else n
     source = InjectId(td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True),

@@ -1,0 +1,250 @@
+"""Row sources with a local part (``local_partition`` + ``part_policy``): local rows in place.
+
+:class:`PartitionedRows` is a row source of the user's own shaped like a
+``DistTensor`` on a machine that holds one range partition: its
+``local_partition`` is a copy of that partition's rows, its ``__getitem__``
+serves any id (as a pull would) and records the ids it was asked for.  The
+DistDGL tests (``test_distdgl.py``) run the same path with the real one.
+
+Every batch is compared bit for bit with ``table[ids]``; the source must never
+be asked for an id of the local partition; local row numbers are checked
+before the kernel reads; a local part pingpong cannot use is fetched whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_reliability import Expected, SeqSource, Verifier, fake, make_table, seq_triples
+
+import pingpong
+from pingpong import PingPongLoader
+from pingpong.devices.cpu import CPUDevice
+from pingpong.kernels.cpu import gather_rows_at_cpu_unchecked
+from pingpong.store import make_host_table
+
+N = 400
+BOUNDS = (0, 150, 260, N)  # three range partitions
+
+
+class RangePolicy:
+    """DGL's PartitionPolicy, reduced to what pingpong reads: partitions are id ranges."""
+
+    def __init__(self, bounds: tuple[int, ...], part_id: int) -> None:
+        self.bounds = torch.tensor(bounds)
+        self.part_id = part_id
+        self.to_local_shift = 0  # a broken policy for the tests: shifts local rows
+
+    def to_partid(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(self.bounds, ids, right=True) - 1
+
+    def to_local(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids - self.bounds[self.part_id] + self.to_local_shift
+
+    def get_part_size(self) -> int:
+        return int(self.bounds[self.part_id + 1] - self.bounds[self.part_id])
+
+
+class PartitionedRows:
+    """A row source holding partition ``part_id`` of ``table`` locally."""
+
+    def __init__(self, table: torch.Tensor, part_id: int = 1,
+                 bounds: tuple[int, ...] = BOUNDS) -> None:
+        self._table = table.clone()
+        self.shape = tuple(table.shape)
+        self.dtype = table.dtype
+        self.part_policy = RangePolicy(bounds, part_id)
+        lo, hi = bounds[part_id], bounds[part_id + 1]
+        self.local_partition = table[lo:hi].clone()
+        self.asked: list[torch.Tensor] = []
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.asked.append(ids.clone())
+        return self._table[ids]
+
+    def local_ids_asked(self) -> int:
+        lo, hi = (int(b) for b in self.part_policy.bounds[self.part_policy.part_id:][:2])
+        return sum(int(((ids >= lo) & (ids < hi)).sum()) for ids in self.asked)
+
+
+def split_counts(triples: list[Any], lo: int, hi: int, epochs: int) -> tuple[int, int]:
+    """(local, remote) rows of the features over ``epochs`` passes of ``triples``."""
+    local = sum(int(((t[0] >= lo) & (t[0] < hi)).sum()) for t in triples)
+    total = sum(len(t[0]) for t in triples)
+    return epochs * local, epochs * (total - local)
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("shape_dtype", [((5,), torch.float32), ((3,), torch.float16),
+                                         ((2, 3), torch.int64), ((7,), torch.uint8)])
+def test_local_rows_are_read_in_place_and_batches_are_bit_identical(device_kind, shape_dtype):
+    row_shape, dtype = shape_dtype
+    triples = seq_triples(N, 12)
+    features = make_table(N, row_shape, dtype)
+    labels = make_table(N, (), torch.int64)
+    x_source, y_source = PartitionedRows(features), PartitionedRows(labels)
+    device = fake(seed=3) if device_kind == "fake" else "cpu"
+    verifier = Verifier(device, Expected(features, labels, triples))
+    with PingPongLoader(SeqSource(triples), x_source, y_source, device=device) as loader:
+        for _ in range(2):
+            for batch in loader:
+                verifier.submit(batch)
+        verifier.resolve()
+        stats = loader.stats
+    assert (verifier.checked, verifier.corrupted) == (24, 0)
+    # The sources were asked for the other partitions' rows only.
+    assert x_source.local_ids_asked() == y_source.local_ids_asked() == 0
+    local_x, remote_x = split_counts(triples, BOUNDS[1], BOUNDS[2], 2)
+    local_y, remote_y = split_counts([(t[1],) for t in triples], BOUNDS[1], BOUNDS[2], 2)
+    assert sum(len(ids) for ids in x_source.asked) == remote_x
+    assert stats["rows_read_in_place"] == local_x + local_y > 0
+    assert stats["rows_fetched"] == remote_x + remote_y > 0
+
+
+def test_a_batch_of_local_rows_only_asks_the_source_for_nothing():
+    features = make_table(N, (4,))
+    local_only = [(torch.arange(150, 260)[torch.randperm(110)][:40], torch.arange(150, 166),
+                   {"seq": 0})]
+    source = PartitionedRows(features)
+    with PingPongLoader(SeqSource(local_only, shuffle=False), source) as loader:
+        batch = next(iter(loader))
+        assert torch.equal(batch.x, features[local_only[0][0]])
+        assert loader.stats["rows_fetched"] == 0
+    assert source.asked == []
+
+
+def test_a_dict_of_partitioned_and_host_tables():
+    triples = seq_triples(N, 6)
+    host, part = make_table(N, (3,)), make_table(N, (2,), torch.float64)
+    with PingPongLoader(SeqSource(triples, shuffle=False),
+                        {"host": host, "part": PartitionedRows(part, part_id=0)}) as loader:
+        for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x["host"], host[inputs])
+            assert torch.equal(batch.x["part"], part[inputs])
+
+
+def test_a_policy_that_maps_outside_the_local_rows_is_refused_before_any_read():
+    """``to_local`` past the end: TableError in the training loop, naming the row;
+    the slot of the failed batch was never written."""
+    features = make_table(N, (4,))
+    source = PartitionedRows(features)
+    source.part_policy.to_local_shift = 110  # the last local ids map past 110 rows
+    triples = [(torch.tensor([0, 259, 300]), torch.tensor([0]), {"seq": 0})]
+    with PingPongLoader(SeqSource(triples, shuffle=False), source, debug=True) as loader:
+        with pytest.raises(pingpong.TableError, match=r"maps an id of partition 1 to row 219, "
+                                                      r"outside its 110 local rows"):
+            next(iter(loader))
+        assert loader.stats["rows_read_in_place"] == 0
+
+
+class Broken:
+    """What can be wrong with a local part; each is fetched whole instead."""
+
+    @staticmethod
+    def other_dtype(source: PartitionedRows) -> None:
+        source.local_partition = source.local_partition.double()
+
+    @staticmethod
+    def not_contiguous(source: PartitionedRows) -> None:
+        source.local_partition = torch.cat([source.local_partition] * 2, 1)[:, ::2]
+
+    @staticmethod
+    def size_differs(source: PartitionedRows) -> None:
+        source.local_partition = source.local_partition[:-1].clone()
+
+    @staticmethod
+    def no_to_local(source: PartitionedRows) -> None:
+        source.part_policy.to_local = None  # type: ignore[assignment]
+
+    @staticmethod
+    def raises(source: PartitionedRows) -> None:
+        class Raising(PartitionedRows):
+            @property
+            def local_partition(self) -> torch.Tensor:
+                raise KeyError("feat")
+
+            @local_partition.setter
+            def local_partition(self, value: torch.Tensor) -> None:
+                pass
+
+        source.__class__ = Raising
+
+
+@pytest.mark.parametrize(("break_it", "reason"), [
+    (Broken.other_dtype, "local_partition has rows (4,) torch.float64, the table (4,) "
+                         "torch.float32"),
+    (Broken.not_contiguous, "local_partition is not contiguous"),
+    (Broken.size_differs, "get_part_size() is 110, local_partition has 109 rows"),
+    (Broken.no_to_local, "part_policy has no to_partid/to_local"),
+    (Broken.raises, "reading it raised KeyError('feat')"),
+])
+def test_an_unusable_local_part_is_fetched_whole_and_logged(break_it, reason, caplog):
+    features = make_table(N, (4,))
+    source = PartitionedRows(features)
+    break_it(source)
+    triples = seq_triples(N, 5)
+    with caplog.at_level(logging.INFO, logger="pingpong.rowsource"):
+        loader = PingPongLoader(SeqSource(triples, shuffle=False), source)
+    assert any(reason in r.getMessage() and "features" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    with loader:
+        for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, features[inputs])
+        assert loader.stats["rows_read_in_place"] == 0
+    assert sum(len(ids) for ids in source.asked) == sum(len(t[0]) for t in triples)
+
+
+@pytest.mark.parametrize("row_bytes", [1, 3, 8, 12, 40])
+def test_positioned_kernel_and_its_warm_up_fallback_write_the_same_bytes(row_bytes,
+                                                                        monkeypatch):
+    gen = np.random.default_rng(row_bytes)
+    table = gen.integers(0, 256, (90, row_bytes), dtype=np.uint8)
+    ids = gen.integers(0, 90, 700).astype(np.int64)
+    positions = gen.permutation(1000)[:700].astype(np.int64)
+    expected = np.zeros((1000, row_bytes), dtype=np.uint8)
+    expected[positions] = table[ids]
+    kernel_out = np.zeros_like(expected)
+    gather_rows_at_cpu_unchecked(table, ids, positions, kernel_out)
+    assert np.array_equal(kernel_out, expected)
+    # Before the warm-up has loaded the kernel, the device writes the same bytes with torch.
+    device = CPUDevice()
+
+    class Loading:
+        class done:  # mimics the WarmUpThread's Event
+            @staticmethod
+            def is_set() -> bool:
+                return False
+
+    device._warm_up = Loading()  # type: ignore[assignment]
+    monkeypatch.setattr("pingpong.devices.cpu.gather_at_is_ready", lambda *a: False)
+    fallback_out = torch.zeros(1000, row_bytes, dtype=torch.uint8)
+    device.gather_at(make_host_table(torch.from_numpy(table), "t"), ids, positions,
+                     fallback_out)
+    assert np.array_equal(fallback_out.numpy(), expected)
+
+
+def test_the_warm_up_loads_the_positioned_kernel_and_the_loader_then_uses_it(monkeypatch):
+    import pingpong.devices.cpu as cpu_device
+
+    calls = []
+    real = cpu_device.gather_rows_at_cpu_unchecked
+
+    def counting(*args: Any) -> None:
+        calls.append(1)
+        real(*args)
+
+    monkeypatch.setattr(cpu_device, "gather_rows_at_cpu_unchecked", counting)
+    features = make_table(N, (16,))  # 64-byte rows: 8-byte words
+    triples = seq_triples(N, 4)
+    with PingPongLoader(SeqSource(triples, shuffle=False), PartitionedRows(features)) as loader:
+        warm_up = loader._device.warm_up
+        assert warm_up.done.wait(120)
+        assert warm_up.error is None
+        assert sum(len(signature) == 5 for signature in warm_up.result) == 1  # positioned
+        for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, features[inputs])
+    assert len(calls) == sum(bool(((t[0] >= 150) & (t[0] < 260)).any()) for t in triples) > 0
