@@ -233,9 +233,27 @@ def dgl_server_watch() -> ServerWatch | None:
 
 
 # --------------------------------------------------------------------------- DGL's sends
-#: The open watches that guard DGL's sends; replaced whole (readers take no lock).
+#: The open watches (one per loader; several may watch the same connections).
+_open: tuple[ServerWatch, ...] = ()
+#: Those DGL's sends check: the first open watch of each set of connections, so a
+#: send checks each socket once however many loaders are open. Replaced whole
+#: (readers take no lock).
 _guarding: tuple[ServerWatch, ...] = ()
 _guard_lock = threading.Lock()
+
+
+def _set_open(watches: tuple[ServerWatch, ...]) -> None:
+    """Record the open watches and derive :data:`_guarding`; caller holds the lock."""
+    global _open, _guarding
+    _open = watches
+    seen: set[tuple[Server, ...]] = set()
+    guarding = []
+    for watch in watches:
+        key = tuple(sorted(set(watch.servers), key=repr))
+        if key not in seen:
+            seen.add(key)
+            guarding.append(watch)
+    _guarding = tuple(guarding)
 
 
 def _guard_dgl_sends(watch: ServerWatch) -> None:
@@ -247,7 +265,6 @@ def _guard_dgl_sends(watch: ServerWatch) -> None:
     version has no such function nothing is wrapped and the loader's own
     checks remain.
     """
-    global _guarding
     from dgl.distributed import rpc
 
     with _guard_lock:
@@ -257,13 +274,12 @@ def _guard_dgl_sends(watch: ServerWatch) -> None:
                         "guarded, only the loader's calls")
         elif not getattr(send, "pingpong_guarded", False):
             rpc.send_rpc_message = _guarded(send)
-        _guarding = (*_guarding, watch)
+        _set_open((*_open, watch))
 
 
 def _unguard(watch: ServerWatch) -> None:
-    global _guarding
     with _guard_lock:
-        _guarding = tuple(w for w in _guarding if w is not watch)
+        _set_open(tuple(w for w in _open if w is not watch))
 
 
 def _guarded(send: Any) -> Any:

@@ -315,6 +315,7 @@ def test_dgl_sends_are_checked_while_a_watch_is_open(monkeypatch: pytest.MonkeyP
     sent: list[tuple[object, int]] = []
     monkeypatch.setattr(rpc, "send_rpc_message", lambda msg, target: sent.append((msg, target)))
     monkeypatch.setattr(serverwatch, "_guarding", ())
+    monkeypatch.setattr(serverwatch, "_open", ())
     with connected_pair() as (_, served, port):
         watch = ServerWatch.of_connections([Server("DGL server 1", "127.0.0.1", port)])
         serverwatch._guard_dgl_sends(watch)
@@ -335,6 +336,47 @@ def test_dgl_sends_are_checked_while_a_watch_is_open(monkeypatch: pytest.MonkeyP
         assert sent[-1] == ("after close", 0)
 
 
+@needs_tcp_info
+def test_each_dgl_send_checks_each_set_of_connections_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three loaders open in a trainer watch the same DGL connections: a send checks
+    one of their watches, not all three; when that one closes, the next guards."""
+    rpc = pytest.importorskip("dgl.distributed.rpc")
+    from pingpong import serverwatch
+
+    monkeypatch.setattr(rpc, "send_rpc_message", lambda msg, target: None)
+    monkeypatch.setattr(serverwatch, "_guarding", ())
+    monkeypatch.setattr(serverwatch, "_open", ())
+    checks: list[str] = []
+
+    class Counted(ServerWatch):
+        name = ""
+
+        def check(self) -> None:
+            checks.append(self.name)
+            super().check()
+
+    with connected_pair() as (_, served, port), connected_pair() as (_, _other, port2):
+        def watch(name: str, at: int) -> Counted:
+            w = Counted.of_connections([Server("DGL server 0", "127.0.0.1", at)])
+            w.name = name
+            serverwatch._guard_dgl_sends(w)
+            return w
+
+        a, b, c = watch("a", port), watch("b", port), watch("c", port2)
+        rpc.send_rpc_message("request", 0)
+        assert checks == ["a", "c"]
+        a.close()
+        served.close()
+        time.sleep(0.05)
+        with pytest.raises(ServerGoneError):  # b took over from a
+            rpc.send_rpc_message("request", 0)
+        assert checks[2] == "b"
+        for w in (b, c):
+            w.close()
+        assert serverwatch._guarding == serverwatch._open == ()
+
+
 class _Client:
     """What dgl_server_watch reads of DGL's KVClient: its server namebook."""
 
@@ -349,6 +391,7 @@ def test_the_watch_is_built_from_dgls_server_namebook(
     from pingpong import serverwatch
 
     monkeypatch.setattr(serverwatch, "_guarding", ())
+    monkeypatch.setattr(serverwatch, "_open", ())
     with connected_pair() as (_, served, port):
         # {server id: [machine id, ip, port, group count]}, as DGL 1.1 and 2.1 keep it
         monkeypatch.setattr(kvstore, "get_kvstore",
