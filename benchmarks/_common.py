@@ -87,18 +87,20 @@ def _version(module: str) -> str | None:
 
 
 def _git_commit() -> str | None:
+    """``HEAD``'s short hash; ``+uncommitted`` when tracked files differ from it
+    (the code measured is then not that commit's)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-            timeout=5,
-        )
+        commit = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    if not commit:
+        return None
+    return f"{commit}+uncommitted" if changed else commit
 
 
 def load_average() -> tuple[float, float, float] | None:

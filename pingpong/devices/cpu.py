@@ -31,7 +31,7 @@ from ..kernels.cpu import (
     warm_up_cpu_at,
 )
 from ..rowsource import RemoteTable
-from ..store import FeatureStore, HostTable, byte_rows
+from ..store import FeatureStore, HostTable, byte_rows, make_host_table
 from .base import COMPLETED, Device, Event
 
 #: How long ``close()`` waits for a warm-up's step in progress. A step is one
@@ -48,6 +48,17 @@ def default_gather_threads() -> int:
     machine that means one core gathers while the other computes.
     """
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``0..n-1`` as int64 (a view of a cached array; read only by the kernel)."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
+    return _ARANGE[:n]
+
+
+_ARANGE = np.arange(4096, dtype=np.int64)
 
 
 class CPUDevice(Device):
@@ -144,7 +155,10 @@ class CPUDevice(Device):
 
     def copy_rows_at(self, table: RemoteTable, rows: torch.Tensor, positions: np.ndarray,
                      out: torch.Tensor) -> None:
-        byte_rows(out).index_copy_(0, torch.from_numpy(positions), byte_rows(rows))
+        # The positioned kernel over rows 0..n-1 (torch's index_copy_ on byte rows
+        # copies byte by byte: ~10x slower on 512-byte rows).
+        self.gather_at(make_host_table(rows, table.name), _arange(len(positions)), positions,
+                       out)
 
     def record(self) -> Event:
         return COMPLETED
