@@ -127,7 +127,6 @@ def profile_producer_threads(path: Path) -> None:
 
 
 def trainer_main(args: argparse.Namespace) -> None:
-    import torch.distributed as dist
 
     if args.profile_producer is not None:
         profile_producer_threads(args.profile_producer)
@@ -187,8 +186,7 @@ def trainer_main(args: argparse.Namespace) -> None:
             "rows": rows, "train_nodes_per_trainer": len(tr.train_nids),
             "steps_per_epoch": math.ceil(len(tr.train_nids) / args.batch_size),
             "pulls_per_step": 2}))
-    dist.barrier()
-    dist.destroy_process_group()
+    td.leave_process_group(tr.rank)
 
 
 # --------------------------------------------------------------------------- report

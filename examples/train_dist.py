@@ -758,7 +758,6 @@ def loader_stats(loader: Any) -> dict[str, float]:
 
 def trainer_main(args: argparse.Namespace) -> None:
     """The ``DGL_ROLE=client`` role."""
-    import torch.distributed as dist
 
     t_start = time.perf_counter()
     tr = init_trainer(args.threads)
@@ -816,8 +815,26 @@ def trainer_main(args: argparse.Namespace) -> None:
             "train_nodes": int(sizes[0]), "epochs": epochs, "test_acc": test_acc,
             "train_loader_stats_rank0": stats, "pulls_rank0": features.pulls + labels.pulls,
         }, indent=1))
+    leave_process_group(tr.rank)
+
+
+def leave_process_group(rank: int) -> None:
+    """Barrier, then destroy the gloo group; each step logged (stderr, every rank).
+
+    After this, DGL's exit hook (barrier with the other trainers, then the
+    servers' shutdown) runs at interpreter exit. A job that hangs at its end
+    shows in each trainer's log which step it last reached.
+    """
+    import torch.distributed as dist
+
+    def note(what: str) -> None:
+        print(f"trainer {rank}: {what}", file=sys.stderr, flush=True)
+
+    note("training done; gloo barrier")
     dist.barrier()
+    note("destroying the gloo process group")
     dist.destroy_process_group()
+    note("left the gloo process group; DGL's exit hook runs at exit")
 
 
 def run_trainer(main: Callable[[], None]) -> None:

@@ -483,6 +483,7 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
     losses: list[float] = []
     digests: list[str] = []
     outputs: list[list[list[int]]] = []
+    step_sha256: list[list[str]] = []  # per step: [gradients, weights after the step]
     val_acc = 0.0
     try:
         for epoch in range(args.epochs):
@@ -501,8 +502,13 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
                     loss = F.cross_entropy(logits.float(), batch.y)
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
+                if report is not None and args.dump_batches is not None:
+                    # Under DDP: the averaged gradients, the same on every rank.
+                    step_sha256.append([grads_digest(model)])
                 scaler.step(opt)
                 scaler.update()
+                if report is not None and args.dump_batches is not None:
+                    step_sha256[-1].append(params_digest(model))
                 losses.append(float(loss.detach()))
                 seen_since_log += int(batch.y.shape[0])
                 if (step + 1) % args.log_every == 0:
@@ -521,7 +527,8 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
                 log(f"Eval Acc {val_acc:.4f}", flush=True)
             ranks.barrier(device)  # the others wait while rank 0 evaluates
         if report is not None and args.dump_batches is not None:
-            report.update(output_nodes=outputs, params_sha256=params_digest(model))
+            report.update(output_nodes=outputs, params_sha256=params_digest(model),
+                          step_sha256=step_sha256)
         test_acc = evaluate(model, test_loader, args, device) if test_loader is not None else 0.0
         log(f"Test Acc: {test_acc:.4f}", flush=True)
         stats = dict(train_loader.stats)
@@ -552,6 +559,17 @@ def params_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+def grads_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over the parameters' gradients, bit for bit (a missing one as ``none``)."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        if p.grad is None:
+            h.update(b"none")
+        else:
+            h.update(p.grad.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
     return h.hexdigest()
 
 

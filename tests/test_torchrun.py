@@ -171,7 +171,14 @@ def check_shares_and_weights(reports: list[dict[str, Any]], train_idx: list[int]
         assert set(counts) == set(train_idx)
         assert sum(c - 1 for c in counts.values()) == WORLD_SIZE * per_rank - n
     assert reports[0]["output_nodes"][0] != reports[0]["output_nodes"][1], "not reshuffled"
-    # DDP averaged the gradients: the same trained weights everywhere.
+    # DDP averaged the gradients: the same trained weights everywhere. Should they
+    # differ, name the first step whose averaged gradients or new weights differ.
+    steps = [r["step_sha256"] for r in reports]
+    assert all(len(s) == EPOCHS * 10 for s in steps)
+    first = next(({"step": i, "gradients_equal": len({s[i][0] for s in steps}) == 1,
+                   "weights_equal": len({s[i][1] for s in steps}) == 1}
+                  for i in range(EPOCHS * 10) if len({tuple(s[i]) for s in steps}) > 1), None)
+    assert first is None, f"ranks diverged: {first}"
     assert len({r["params_sha256"] for r in reports}) == 1
 
 

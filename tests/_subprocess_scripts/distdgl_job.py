@@ -277,15 +277,13 @@ TRAINERS = {"equal": trainer_equal, "bad-id": trainer_bad_id,
 
 
 def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
-    import torch.distributed as dist
 
     global MODE
     MODE = mode
     tr = td.init_trainer(threads=1)
     record = TRAINERS[mode](tr, out, part_dir)
     write_json(out / f"rank{tr.rank}.json", {"rank": tr.rank, "pid": os.getpid(), **record})
-    dist.barrier()
-    dist.destroy_process_group()
+    td.leave_process_group(tr.rank)
 
 
 # --------------------------------------------------------------------------- launcher
