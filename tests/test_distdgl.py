@@ -136,12 +136,15 @@ def _not_zombie(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("mode", ["equal", "equal-samplers"])
 def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
-        part_dir: Path, tmp_path: Path) -> None:
+        part_dir: Path, tmp_path: Path, mode: str) -> None:
     """Two shuffled epochs on both trainers: every batch pingpong delivered equals
     ``feat[input_nodes]`` / ``label[output_nodes]`` pulled synchronously from the
-    DistTensors, bit for bit, and the original tables through DGL's renumbering."""
-    job, ranks = run_job("equal", tmp_path, part_dir)
+    DistTensors, bit for bit, and the original tables through DGL's renumbering.
+    ``equal-samplers``: the same with a DGL sampler process per trainer."""
+    job, ranks = run_job(mode, tmp_path, part_dir)
+    assert [r["sampler_processes"] for r in ranks] == [int(mode == "equal-samplers")] * 2
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
     # shut down by DGL's last trainer
     assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)

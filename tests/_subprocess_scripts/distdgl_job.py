@@ -21,6 +21,9 @@ Modes (what a trainer does):
     ``label[output_nodes]`` are pulled again on the training thread and
     compared bit for bit with what pingpong delivered -- and with the
     original tables, through DGL's renumbering (``orig_nid``).
+``equal-samplers``
+    ``equal`` with one DGL sampler process per trainer (``DGL_NUM_SAMPLER=1``):
+    the ``DistNodeDataLoader`` samples in it, the producer receives its blocks.
 ``bad-id``
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
@@ -69,6 +72,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))  # train_dist (it adds the checkout if pingpong
 # is not installed) and sage_model
 
+import psutil  # noqa: E402
 import torch  # noqa: E402
 import train_dist as td  # noqa: E402
 from sage_model import SAGE  # noqa: E402
@@ -125,6 +129,9 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     epochs = []
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
         watched = watched_servers(loader)
+        # DGL's sampler processes (DGL_NUM_SAMPLER): spawned children, not the resource tracker
+        sampler_processes = sum("spawn_main" in " ".join(child.cmdline())
+                                for child in psutil.Process().children())
         for _ in range(2):
             kept = []
             for batch in loader:
@@ -160,7 +167,7 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     for t in module.state_dict().values():
         params.update(bits(t).numpy().tobytes())
     return {"epochs": epochs, "loader": type(loader).__name__, "stats": stats,
-            "watched": watched,
+            "watched": watched, "sampler_processes": sampler_processes,
             "train_share": tr.train_nids.tolist(), "num_nodes": tr.g.num_nodes(),
             "params_sha256": params.hexdigest()}
 
@@ -271,7 +278,7 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     return record
 
 
-TRAINERS = {"equal": trainer_equal, "bad-id": trainer_bad_id,
+TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal, "bad-id": trainer_bad_id,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-stop": trainer_server_loss}
 
@@ -295,7 +302,8 @@ def launcher_main(mode: str, out: Path, part_dir: Path) -> int:
     signal.signal(signal.SIGTERM, td._raise_system_exit)
     with tempfile.TemporaryDirectory(prefix="pingpong-distdgl-") as tmp:
         cluster = td.LocalCluster(command, part_config, Path(tmp), num_parts=2, log_dir=out,
-                                  trainer_log_dir=out)
+                                  trainer_log_dir=out,
+                                  num_samplers=1 if mode == "equal-samplers" else 0)
         try:
             cluster.start()
             pids = cluster.pids()
