@@ -118,7 +118,7 @@ class LocalPart:
             TableError: the policy maps an id to a row outside ``table`` --
                 checked here, before any kernel reads ``table``.
         """
-        id_tensor = torch.from_numpy(ids)
+        id_tensor = torch.from_numpy(ids if ids.flags.writeable else ids.copy())
         is_local = torch.as_tensor(self.policy.to_partid(id_tensor)) == self.part_id
         positions = torch.nonzero(is_local).reshape(-1)
         if positions.numel() == 0:

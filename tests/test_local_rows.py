@@ -250,3 +250,20 @@ def test_the_warm_up_loads_the_positioned_kernel_and_the_loader_then_uses_it(mon
     # One call per batch for its local rows, one for its fetched rows (written to their places).
     local = [((t[0] >= 150) & (t[0] < 260)) for t in triples]
     assert len(calls) == sum(bool(m.any()) + bool((~m).any()) for m in local) > len(triples)
+
+
+def test_heterogeneous_partitioned_row_sources_and_a_type_without_ids():
+    """Per node type its own local part; a batch without ids of a type asks for nothing."""
+    paper, author = make_table(N, (4,)), make_table(N, (2,), torch.float64)
+    sources = {"paper": PartitionedRows(paper, part_id=0), "author": PartitionedRows(author)}
+    with_authors = {"paper": torch.tensor([5, 160, 399, 0]), "author": torch.tensor([300, 200])}
+    papers_only = {"paper": torch.tensor([151, 7])}
+    items = [(with_authors, {"paper": torch.tensor([5])}, None),
+             (papers_only, {"paper": torch.tensor([7])}, None)]
+    with PingPongLoader(items, sources, heterogeneous=True) as loader:
+        for batch, (inputs, _o, _b) in zip(loader, items, strict=True):
+            for ntype, ids in inputs.items():
+                assert torch.equal(batch.x[ntype], (paper if ntype == "paper" else author)[ids])
+        assert loader.stats["rows_read_in_place"] == 2 + 1 + 1  # papers 5, 0, 7; author 200
+    assert [ids.tolist() for ids in sources["paper"].asked] == [[160, 399], [151]]
+    assert [ids.tolist() for ids in sources["author"].asked] == [[300]]
