@@ -1,4 +1,4 @@
-"""Row sources: feature or label tables that are not a host tensor pingpong reads in place.
+"""Row sources: feature or label tables whose rows are fetched per batch, not a host tensor.
 
 A **row source** is any object with
 
@@ -18,7 +18,8 @@ gathered in place by the kernels.
 The producer thread fetches each batch's rows from a row source *before* it
 takes a slot -- so a slow fetch overlaps training like sampling does, and a
 stuck one never holds a slot or blocks ``close()`` -- then copies them into
-the slot (on CUDA through a pinned staging buffer on the copy stream).  Ids
+the slot (on CUDA through a pinned staging buffer on the copy stream; rows held
+locally: see below).  Ids
 are checked against ``N`` before any fetch; a fetch that raises reaches the
 training loop with its original exception; a fetch that returns the wrong
 shape or dtype raises :class:`~pingpong.errors.TableError`.
@@ -120,6 +121,11 @@ class LocalPart:
         """
         id_tensor = torch.from_numpy(ids if ids.flags.writeable else ids.copy())
         is_local = torch.as_tensor(self.policy.to_partid(id_tensor)) == self.part_id
+        if is_local.shape != id_tensor.shape:
+            raise TableError(
+                f"{self.table.name}: part_policy.to_partid returned shape "
+                f"{tuple(is_local.shape)} for {id_tensor.shape[0]} ids"
+            )
         positions = torch.nonzero(is_local).reshape(-1)
         if positions.numel() == 0:
             return _NO_ROWS, _NO_ROWS

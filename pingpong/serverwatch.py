@@ -124,8 +124,13 @@ class ServerWatch:
         """Raise :class:`~pingpong.errors.ServerGoneError` if a watched connection is no
         longer ESTABLISHED (its server closed it or reset it); the same error again
         on every later call."""
+        self.check_if_open()
+
+    def check_if_open(self) -> bool:
+        """:meth:`check`; returns False, having checked nothing, once :meth:`close` ran."""
         with self._lock:
-            if self._gone is None and not self._closed:
+            is_open = not self._closed
+            if self._gone is None and is_open:
                 for server, sock in self._watched:
                     state = _tcp_state(sock)
                     if state != TCP_ESTABLISHED:
@@ -134,6 +139,7 @@ class ServerWatch:
             gone = self._gone
         if gone is not None:
             raise ServerGoneError(gone)  # a new object per raise: tracebacks and notes differ
+        return is_open
 
     def close(self) -> None:
         """Close the duplicate descriptors (the RPC library's own are untouched)
@@ -235,10 +241,11 @@ def dgl_server_watch() -> ServerWatch | None:
 # --------------------------------------------------------------------------- DGL's sends
 #: The open watches (one per loader; several may watch the same connections).
 _open: tuple[ServerWatch, ...] = ()
-#: Those DGL's sends check: the first open watch of each set of connections, so a
-#: send checks each socket once however many loaders are open. Replaced whole
-#: (readers take no lock).
-_guarding: tuple[ServerWatch, ...] = ()
+#: What DGL's sends check: the open watches grouped by the servers they watch. A
+#: send checks the first watch of each group that is still open, so each socket
+#: once however many loaders are open, and a watch that closes meanwhile hands
+#: over to the next of its group. Replaced whole (readers take no lock).
+_guarding: tuple[tuple[ServerWatch, ...], ...] = ()
 _guard_lock = threading.Lock()
 
 
@@ -246,14 +253,10 @@ def _set_open(watches: tuple[ServerWatch, ...]) -> None:
     """Record the open watches and derive :data:`_guarding`; caller holds the lock."""
     global _open, _guarding
     _open = watches
-    seen: set[tuple[Server, ...]] = set()
-    guarding = []
+    groups: dict[tuple[Server, ...], list[ServerWatch]] = {}
     for watch in watches:
-        key = tuple(sorted(set(watch.servers), key=repr))
-        if key not in seen:
-            seen.add(key)
-            guarding.append(watch)
-    _guarding = tuple(guarding)
+        groups.setdefault(tuple(sorted(set(watch.servers), key=repr)), []).append(watch)
+    _guarding = tuple(tuple(group) for group in groups.values())
 
 
 def _guard_dgl_sends(watch: ServerWatch) -> None:
@@ -285,8 +288,12 @@ def _unguard(watch: ServerWatch) -> None:
 def _guarded(send: Any) -> Any:
     @functools.wraps(send)
     def send_rpc_message(msg: Any, target: Any) -> Any:
-        for watch in _guarding:
-            watch.check()  # ServerGoneError, a ConnectionError as DGL documents
+        for group in _guarding:
+            for watch in group:
+                # ServerGoneError, a ConnectionError as DGL documents; a watch closed
+                # since _guarding was read checks nothing: the next one of its group does
+                if watch.check_if_open():
+                    break
         return send(msg, target)
 
     send_rpc_message.pingpong_guarded = True  # type: ignore[attr-defined]

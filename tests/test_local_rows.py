@@ -267,3 +267,21 @@ def test_heterogeneous_partitioned_row_sources_and_a_type_without_ids():
         assert loader.stats["rows_read_in_place"] == 2 + 1 + 1  # papers 5, 0, 7; author 200
     assert [ids.tolist() for ids in sources["paper"].asked] == [[160, 399], [151]]
     assert [ids.tolist() for ids in sources["author"].asked] == [[300]]
+
+
+def test_a_policy_whose_to_partid_has_another_shape_is_refused():
+    source = PartitionedRows(make_table(N, (4,)))
+    real = source.part_policy.to_partid
+    source.part_policy.to_partid = lambda ids: real(ids).reshape(-1, 1)  # type: ignore[method-assign]
+    triples = [(torch.tensor([0, 200, 300]), torch.tensor([0]), {"seq": 0})]
+    with PingPongLoader(SeqSource(triples, shuffle=False), source) as loader:
+        with pytest.raises(pingpong.TableError,
+                           match=r"to_partid returned shape \(3, 1\) for 3 ids"):
+            next(iter(loader))
+
+
+def test_the_positioned_kernel_refuses_ids_and_positions_of_different_lengths():
+    table = np.zeros((4, 8), dtype=np.uint8)
+    out = np.zeros((4, 8), dtype=np.uint8)
+    with pytest.raises(pingpong.TableError, match="3 ids but 2 positions"):
+        gather_rows_at_cpu_unchecked(table, np.arange(3), np.arange(2), out)

@@ -340,7 +340,8 @@ def test_dgl_sends_are_checked_while_a_watch_is_open(monkeypatch: pytest.MonkeyP
 def test_each_dgl_send_checks_each_set_of_connections_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Three loaders open in a trainer watch the same DGL connections: a send checks
-    one of their watches, not all three; when that one closes, the next guards."""
+    one of their watches, not all three; when that one closes, the next guards --
+    also for a send that read the list of watches before the close."""
     rpc = pytest.importorskip("dgl.distributed.rpc")
     from pingpong import serverwatch
 
@@ -352,9 +353,9 @@ def test_each_dgl_send_checks_each_set_of_connections_once(
     class Counted(ServerWatch):
         name = ""
 
-        def check(self) -> None:
+        def check_if_open(self) -> bool:
             checks.append(self.name)
-            super().check()
+            return super().check_if_open()
 
     with connected_pair() as (_, served, port), connected_pair() as (_, _other, port2):
         def watch(name: str, at: int) -> Counted:
@@ -366,12 +367,19 @@ def test_each_dgl_send_checks_each_set_of_connections_once(
         a, b, c = watch("a", port), watch("b", port), watch("c", port2)
         rpc.send_rpc_message("request", 0)
         assert checks == ["a", "c"]
+        stale = serverwatch._guarding  # what a send in another thread may hold
         a.close()
         served.close()
         time.sleep(0.05)
-        with pytest.raises(ServerGoneError):  # b took over from a
+        monkeypatch.setattr(serverwatch, "_guarding", stale)
+        with pytest.raises(ServerGoneError):  # a is closed: b checked instead
             rpc.send_rpc_message("request", 0)
-        assert checks[2] == "b"
+        assert checks[2:] == ["a", "b"]
+        monkeypatch.setattr(serverwatch, "_guarding", tuple(
+            tuple(w for w in group if w is not a) for group in stale))
+        with pytest.raises(ServerGoneError):  # and once the list is current, b alone
+            rpc.send_rpc_message("request", 0)
+        assert checks[4:] == ["b"]
         for w in (b, c):
             w.close()
         assert serverwatch._guarding == serverwatch._open == ()

@@ -2,9 +2,11 @@
 
 Warm-up: :meth:`CPUDevice.attach` starts a ``pingpong-warmup-N`` thread that
 compiles (or loads from Numba's disk cache) the kernels this loader's tables
-need (:func:`pingpong.kernels.warm_up_cpu`: int64 ids first, then int32).
+need (:func:`pingpong.kernels.warm_up_cpu`: int64 ids first, then the
+positioned kernel for row sources' local parts, then int32 ids).
 While it runs, a gather whose specialisation is not ready yet runs
-``torch.index_select`` on the same byte rows (bit-exact, no JIT), so the first
+``torch.index_select`` (and ``index_copy_`` for the positioned one) on the same
+byte rows (bit-exact, no JIT), so the first
 batches never wait for Numba; the rest run the Numba kernel. If the warm-up
 fails, the kernels compile on first use, as they would without it.
 :meth:`CPUDevice.detach` (``close()``) stops the warm-up and joins it (for at
@@ -51,11 +53,17 @@ def default_gather_threads() -> int:
 
 
 def _arange(n: int) -> np.ndarray:
-    """``0..n-1`` as int64 (a view of a cached array; read only by the kernel)."""
+    """``0..n-1`` as int64 (a view of a cached array; read only by the kernel).
+
+    The global is read once: another producer may replace it meanwhile (with a
+    longer or shorter array), never the array this call returns a view of.
+    """
     global _ARANGE
-    if len(_ARANGE) < n:
-        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
-    return _ARANGE[:n]
+    cached = _ARANGE
+    if len(cached) < n:
+        cached = np.arange(max(n, 2 * len(cached)), dtype=np.int64)
+        _ARANGE = cached
+    return cached[:n]
 
 
 _ARANGE = np.arange(4096, dtype=np.int64)
@@ -89,8 +97,10 @@ class CPUDevice(Device):
                  if isinstance(table, RemoteTable) and table.local is not None]
 
         def warm_up(should_stop: Any) -> list[tuple[object, ...]]:
-            ready = warm_up_cpu(tables, should_stop=should_stop)
-            return ready + warm_up_cpu_at(local, should_stop=should_stop)
+            ready = warm_up_cpu(tables, id_dtypes=(np.int64,), should_stop=should_stop)
+            ready += warm_up_cpu_at(local, should_stop=should_stop)
+            return ready + warm_up_cpu(tables, id_dtypes=(np.int32,), threading_layer=False,
+                                       should_stop=should_stop)
 
         self._warm_up = start_warm_up(warm_up)
 

@@ -1,4 +1,5 @@
-"""CPU gather kernel: ``out[i] = table[ids[i]]`` with Numba, many threads, no GIL.
+"""CPU gather kernels: ``out[i] = table[ids[i]]`` with Numba, many threads, no GIL,
+and the positioned ``out[positions[i]] = table[ids[i]]`` (a row source's local rows).
 
 Rows are copied as raw machine words (the widest integer type that divides
 the row's byte size and the addresses of both ``table`` and ``out``), so the
@@ -8,7 +9,9 @@ bfloat16 bit patterns arrive unchanged.
 Compiled code is cached on disk (``cache=True``: ``__pycache__`` next to this
 file, or Numba's user-wide cache directory when that is not writable), and
 :func:`warm_up_cpu` compiles or loads exactly the specialisations a gather
-will use -- one per (word width, id dtype) -- ahead of the first batch.
+will use -- one per (word width, id dtype) -- ahead of the first batch;
+:func:`warm_up_cpu_at` the positioned kernel's (int64 ids and positions, one per
+word width).
 """
 
 from __future__ import annotations
@@ -121,6 +124,8 @@ def gather_rows_at_cpu_unchecked(
     :func:`gather_rows_cpu_unchecked`, ``table`` and ``out`` are C-contiguous
     2-D arrays of one dtype.
     """
+    if ids.shape[0] != positions.shape[0]:  # cheap, and a short one would leave rows unwritten
+        raise TableError(f"{ids.shape[0]} ids but {positions.shape[0]} positions")
     if ids.shape[0] == 0 or table.shape[1] == 0:
         return
     size = word_bytes(table.shape[1] * table.dtype.itemsize, _address(table), _address(out))
