@@ -177,6 +177,24 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]  # DDP averaged them
 
 
+def test_pingpong_over_distedgedataloader_equals_synchronous_pulls(
+        part_dir: Path, tmp_path: Path) -> None:
+    """Edge prediction on DistDGL: ``DistEdgeDataLoader`` with negative sampling, passed
+    as it is; every batch's features equal ``feat[input_nodes]``, bit for bit, and the
+    positive edges cover the trainer's edge ids once."""
+    job, ranks = run_job("edge-equal", tmp_path, part_dir)
+    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    for report in ranks:
+        assert report["batch_types"] == ["NegativeEdgeBatch"]
+        assert report["batches"] == report["len_loader"] > 1
+        assert report["mismatch_vs_sync_pull"] == 0
+        assert report["edges_are_share"]
+        assert report["negatives"] > 0
+        assert report["stats"]["rows_read_in_place"] > 0
+        assert report["stats"]["rows_fetched"] > 0
+
+
 def test_out_of_range_id_is_refused_before_any_pull(part_dir: Path, tmp_path: Path) -> None:
     """Batch 2 carries id N: IdRangeError in the training loop, and the DistTensors
     were pulled for batches 0 and 1 only -- never with the bad id."""

@@ -24,6 +24,10 @@ Modes (what a trainer does):
 ``equal-samplers``
     ``equal`` with one DGL sampler process per trainer (``DGL_NUM_SAMPLER=1``):
     the ``DistNodeDataLoader`` samples in it, the producer receives its blocks.
+``edge-equal``
+    One shuffled epoch of ``PingPongLoader`` over a ``DistEdgeDataLoader``
+    (edge prediction, uniform negatives) with the ``DistTensor`` ``feat``; each
+    batch's features are compared with ``feat[input_nodes]`` pulled afterwards.
 ``bad-id``
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
@@ -47,7 +51,7 @@ Modes (what a trainer does):
     epoch; the step takes ``PINGPONG_DISTDGL_STEP_S`` seconds (default 0.2).
 
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
-``wrong-pull`` (equal: compare against the rows of the wrong ids),
+``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
 ``in-range`` (bad-id: inject ``N - 1``), ``no-timeout`` (server-stop:
 ``timeout=None``), ``no-watch`` (server-*: the loader builds no server
 watch, as before pingpong had one), ``no-signal`` (server-*: leave the server alone, so the
@@ -172,6 +176,39 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
             "params_sha256": params.hexdigest()}
 
 
+def trainer_edge_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """A shuffled epoch of PingPongLoader over a ``DistEdgeDataLoader`` with uniform
+    negatives: every batch's x against ``feat[input_nodes]`` pulled afterwards."""
+    import dgl
+
+    feat = tr.g.ndata["feat"]
+    # This trainer's edges: every other one of the first 2,400 (DGL's global edge ids).
+    eids = torch.arange(tr.rank, min(tr.g.num_edges(), 2400), 2)
+    # DGL's EdgeCollator builds the pair graphs: a plain neighbour sampler, negatives
+    # as a keyword (as_edge_prediction_sampler is for the non-distributed loader).
+    source = dgl.dataloading.DistEdgeDataLoader(
+        tr.g, eids, dgl.dataloading.NeighborSampler(FANOUTS),
+        negative_sampler=dgl.dataloading.negative_sampler.Uniform(1),
+        batch_size=BATCH_SIZE, shuffle=True, drop_last=False)
+    kept = []
+    with pingpong.PingPongLoader(source, feat, device="cpu", timeout=120) as loader:
+        for batch in loader:
+            kept.append((type(batch).__name__, batch.input_nodes.clone(), batch.x.clone(),
+                         batch.pair_graph.edata[dgl.EID].clone(),
+                         batch.neg_pair_graph.num_edges()))
+        stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
+        len_loader = len(loader)
+    # The epoch is over: the producer no longer uses DGL's RPC.
+    mismatch = sum(
+        not same_bits(x, feat[input_nodes.roll(1) if BREAK == "wrong-pull" else input_nodes])
+        for _, input_nodes, x, _, _ in kept)
+    seen = torch.cat([k[3] for k in kept]).sort().values
+    return {"batch_types": sorted({k[0] for k in kept}), "batches": len(kept),
+            "len_loader": len_loader, "mismatch_vs_sync_pull": mismatch,
+            "edges_are_share": bool(torch.equal(seen, eids)),
+            "negatives": sum(k[4] for k in kept), "stats": stats}
+
+
 class ParkAt:
     """Yields the source's items; before item ``at`` of epoch ``epoch`` (0-based) it
     writes ``OUT/parked-RANK`` and waits (outside any DGL call) for ``OUT/resume``."""
@@ -278,7 +315,8 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     return record
 
 
-TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal, "bad-id": trainer_bad_id,
+TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
+            "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-stop": trainer_server_loss}
 
