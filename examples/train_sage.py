@@ -484,6 +484,7 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
     digests: list[str] = []
     outputs: list[list[list[int]]] = []
     step_sha256: list[list[str]] = []  # per step: [gradients, weights after the step]
+    record_steps = report is not None and args.dump_batches is not None
     val_acc = 0.0
     try:
         for epoch in range(args.epochs):
@@ -502,12 +503,11 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
                     loss = F.cross_entropy(logits.float(), batch.y)
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
-                if report is not None and args.dump_batches is not None:
-                    # Under DDP: the averaged gradients, the same on every rank.
+                if record_steps:  # under DDP: the averaged gradients, equal on every rank
                     step_sha256.append([grads_digest(model)])
                 scaler.step(opt)
                 scaler.update()
-                if report is not None and args.dump_batches is not None:
+                if record_steps:
                     step_sha256[-1].append(params_digest(model))
                 losses.append(float(loss.detach()))
                 seen_since_log += int(batch.y.shape[0])

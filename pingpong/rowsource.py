@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -111,9 +111,9 @@ class LocalPart:
     part_id: int
     policy: Any
 
-    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(positions, rows)``: which of ``ids`` (validated, int64) are local, and
-        the row of ``table`` holding each of them.
+    def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(positions, rows, others)``: which of ``ids`` (validated, int64) are local,
+        the row of ``table`` holding each of them, and the positions of the rest.
 
         Raises:
             TableError: the policy maps an id to a row outside ``table`` --
@@ -127,8 +127,9 @@ class LocalPart:
                 f"{tuple(is_local.shape)} for {id_tensor.shape[0]} ids"
             )
         positions = torch.nonzero(is_local).reshape(-1)
+        others = torch.nonzero(~is_local).reshape(-1).numpy()
         if positions.numel() == 0:
-            return _NO_ROWS, _NO_ROWS
+            return _NO_ROWS, _NO_ROWS, others
         local = torch.as_tensor(self.policy.to_local(id_tensor[positions]))
         rows: np.ndarray = local.to(torch.int64).reshape(-1).numpy()
         if rows.shape[0] != positions.shape[0]:
@@ -143,7 +144,7 @@ class LocalPart:
                 f"{self.table.name}: part_policy.to_local maps an id of partition "
                 f"{self.part_id} to row {bad}, outside its {self.table.num_rows} local rows"
             )
-        return positions.numpy(), rows
+        return positions.numpy(), rows, others
 
 
 @dataclass(frozen=True)
@@ -198,13 +199,9 @@ class RemoteTable:
         if not read_local or self.local is None:
             return FetchedRows(self.fetch(ids), None, _NO_ROWS, _NO_ROWS)
         ids = np.asarray(ids, dtype=np.int64)
-        local_positions, local_rows = self.local.locate(ids)
-        if local_positions.shape[0] == ids.shape[0]:  # all local: nothing to fetch
-            return FetchedRows(None, _NO_ROWS, local_rows, local_positions)
-        remote = np.ones(ids.shape[0], dtype=bool)
-        remote[local_positions] = False
-        positions = np.flatnonzero(remote)
-        return FetchedRows(self.fetch(ids[positions]), positions, local_rows, local_positions)
+        local_positions, local_rows, positions = self.local.locate(ids)
+        rows = self.fetch(ids[positions]) if len(positions) else None  # None: all local
+        return FetchedRows(rows, positions, local_rows, local_positions)
 
     def fetch(self, ids: np.ndarray) -> torch.Tensor:
         """The rows at ``ids`` (validated), as a contiguous CPU tensor; checks what came back.
@@ -241,7 +238,7 @@ def make_remote_table(value: Any, name: str) -> RemoteTable:
         raise TableError(f"{name} is empty (shape {shape})")
     table = RemoteTable(name, value, shape[0], shape[1:], dtype)
     local = find_local_part(table)
-    return table if local is None else RemoteTable(name, value, shape[0], shape[1:], dtype, local)
+    return table if local is None else replace(table, local=local)
 
 
 def find_local_part(table: RemoteTable) -> LocalPart | None:
