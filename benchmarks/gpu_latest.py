@@ -304,6 +304,11 @@ def source_sha256(repo: Path = REPO) -> str:
 
 
 # --------------------------------------------------------------------------- assemble
+def _read_text(path: Path) -> str:
+    """The file's text, or "" when it is missing."""
+    return path.read_text() if path.exists() else ""
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -314,9 +319,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def build(out: Path, command: str | None = None, commit: str | None = None,
           now: dt.datetime | None = None) -> dict[str, Any]:
     """Everything ``gpu-latest.json`` says, from the files in ``out``."""
-    machine = parse_machine((out / "machine.txt").read_text()) if (
-        out / "machine.txt").exists() else {}
-    log = (out / "log.txt").read_text() if (out / "log.txt").exists() else ""
+    machine = parse_machine(_read_text(out / "machine.txt"))
+    log = _read_text(out / "log.txt")
     steps = parse_log(log)
     result: dict[str, Any] = {}
     commit = commit or machine.get("commit")
@@ -409,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(result, indent=1) + "\n"
     (args.out / "gpu-latest.json").write_text(text)
     written = [args.out / "gpu-latest.json"]
-    if args.copy_to is not None and "gpu" not in result:
+    ran_on_gpu = "gpu" in parse_machine(_read_text(args.out / "machine.txt"))
+    if args.copy_to is not None and not ran_on_gpu:  # a gather report may be left from before
         print(f"# no GPU named in {args.out}/machine.txt: not copied to {args.copy_to}")
     elif args.copy_to is not None:
         args.copy_to.parent.mkdir(parents=True, exist_ok=True)

@@ -236,9 +236,11 @@ def test_main_writes_out_and_the_copy_but_not_for_a_run_without_a_gpu(run_dir, t
     assert written["command"] == "bash x OUT"
     docs.unlink()
     (run_dir / "machine.txt").write_text("nvidia-smi: command not found\n")
-    (run_dir / "gather-cuda.json").unlink()
+    # A dry run on a CPU must not replace the record, even when the folder still
+    # holds a GPU run's gather report (which names its GPU).
+    assert json.loads((run_dir / "gather-cuda.json").read_text())["gpu"] == "NVIDIA H200"
     assert gpu_latest.main([str(run_dir), "--copy-to", str(docs), "--commit", "abc"]) == 0
-    assert not docs.exists()  # a dry run on a CPU must not replace the record
+    assert not docs.exists()
     assert json.loads((run_dir / "gpu-latest.json").read_text())["commit"] == "abc"
 
 
