@@ -20,7 +20,9 @@
 #                  2.9x slower than device-resident at 0acc300): plain, zerocopy, staged,
 #                  device; each a fresh process, 1 warm-up + 3 timed epochs
 # More steps, by name (keep each call under 10 minutes of limits):
-#   reliability [180]  the reliability suite's GPU cases (tests/test_reliability*.py -m cuda)
+#   reliability [180]  the reliability suite's GPU cases (tests/test_reliability*.py -m cuda),
+#                  and row sources on the GPU, local rows included (test_rowsource.py,
+#                  test_local_rows.py -m cuda: each gather mode)
 #   ddp [90]       two gloo ranks on the one GPU, zero-copy from shared memory
 #   memcheck-reliability [180]  memcheck on the out-of-range and leak tests of that suite
 #   gather-32g [300]  gather.py with a 32 GiB table (4 KiB and 2 MiB pages; skipped when
@@ -126,7 +128,7 @@ for step in $steps; do
     reliability)
       run reliability 180 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
         tests/test_reliability.py tests/test_reliability_lifecycle.py \
-        tests/test_reliability_system.py ;;
+        tests/test_reliability_system.py tests/test_rowsource.py tests/test_local_rows.py ;;
     ddp)
       run ddp 90 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
         tests/test_distributed.py ;;

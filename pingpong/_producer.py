@@ -241,11 +241,8 @@ def _place_fetched(table: RemoteTable, rows: FetchedRows, out: torch.Tensor,
     if rows.positions is None:
         assert rows.rows is not None
         device.copy_rows(table, rows.rows, out)
-        return
-    assert table.local is not None
-    device.gather_at(table.local.table, rows.local_rows, rows.local_positions, out)
-    if rows.rows is not None:
-        device.copy_rows_at(table, rows.rows, rows.positions, out)
+    else:
+        device.place_rows(table, rows, out)
 
 
 def _fill(

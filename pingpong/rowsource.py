@@ -35,11 +35,14 @@ rows live in this process's memory, the way a ``DistTensor`` does:
   taking and returning 1-D integer tensors; and, if it has
   ``get_part_size()``, that must equal ``len(local_partition)``.
 
-For such a source, on a device that supports it (the CPU device), a batch's
-ids are split: the rows of this machine's partition are gathered by the
-kernel straight from ``local_partition`` into their places in the slot, and
-only the other ids are fetched through ``source[ids]`` (none, if every row is
-local), their rows then copied to their places.  Local row numbers are
+For such a source a batch's ids are split: the rows of this machine's
+partition are gathered by the positioned CPU kernel straight from
+``local_partition`` into their places, and only the other ids are fetched
+through ``source[ids]`` (none, if every row is local), their rows then
+copied to their places.  On the CPU device "their places" are the slot's
+rows; on CUDA they are the pinned staging buffer that the batch then goes
+to the GPU from, in one upload per table (the shared-memory partition is not
+pinned for the zero-copy kernel).  Local row numbers are
 checked against ``len(local_partition)`` before the kernel reads anything.
 The batch is bit for bit what ``source[ids]`` would have returned.  A source
 whose local part is missing, of another shape or dtype, not contiguous, or

@@ -19,13 +19,22 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from test_reliability import Expected, SeqSource, Verifier, fake, make_table, seq_triples
+from test_reliability import (
+    CUDA_MODE_KINDS,
+    Expected,
+    SeqSource,
+    Verifier,
+    loader_device,
+    make_table,
+    seq_triples,
+)
 
 import pingpong
 from pingpong import PingPongLoader
 from pingpong.devices.cpu import CPUDevice
 from pingpong.kernels.cpu import gather_rows_at_cpu_unchecked
-from pingpong.store import make_host_table
+from pingpong.rowsource import make_remote_table
+from pingpong.store import byte_rows, make_host_table
 
 N = 400
 BOUNDS = (0, 150, 260, N)  # three range partitions
@@ -78,7 +87,7 @@ def split_counts(triples: list[Any], lo: int, hi: int, epochs: int) -> tuple[int
     return epochs * local, epochs * (total - local)
 
 
-@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("device_kind", ["cpu", "fake", *CUDA_MODE_KINDS])
 @pytest.mark.parametrize("shape_dtype", [((5,), torch.float32), ((3,), torch.float16),
                                          ((2, 3), torch.int64), ((7,), torch.uint8)])
 def test_local_rows_are_read_in_place_and_batches_are_bit_identical(device_kind, shape_dtype):
@@ -87,9 +96,9 @@ def test_local_rows_are_read_in_place_and_batches_are_bit_identical(device_kind,
     features = make_table(N, row_shape, dtype)
     labels = make_table(N, (), torch.int64)
     x_source, y_source = PartitionedRows(features), PartitionedRows(labels)
-    device = fake(seed=3) if device_kind == "fake" else "cpu"
-    verifier = Verifier(device, Expected(features, labels, triples))
-    with PingPongLoader(SeqSource(triples), x_source, y_source, device=device) as loader:
+    where = loader_device(device_kind, seed=3)
+    verifier = Verifier(where["device"], Expected(features, labels, triples))
+    with PingPongLoader(SeqSource(triples), x_source, y_source, **where) as loader:
         for _ in range(2):
             for batch in loader:
                 verifier.submit(batch)
@@ -105,16 +114,38 @@ def test_local_rows_are_read_in_place_and_batches_are_bit_identical(device_kind,
     assert stats["rows_fetched"] == remote_x + remote_y > 0
 
 
-def test_a_batch_of_local_rows_only_asks_the_source_for_nothing():
+@pytest.mark.parametrize("device_kind", ["cpu", *CUDA_MODE_KINDS])
+def test_a_batch_of_local_rows_only_asks_the_source_for_nothing(device_kind):
     features = make_table(N, (4,))
     local_only = [(torch.arange(150, 260)[torch.randperm(110)][:40], torch.arange(150, 166),
                    {"seq": 0})]
     source = PartitionedRows(features)
-    with PingPongLoader(SeqSource(local_only, shuffle=False), source) as loader:
-        batch = next(iter(loader))
-        assert torch.equal(batch.x, features[local_only[0][0]])
+    with PingPongLoader(SeqSource(local_only, shuffle=False), source,
+                        **loader_device(device_kind)) as loader:
+        batches = [batch.x.cpu() for batch in loader]  # the epoch's end: stats complete
+        assert len(batches) == 1
+        assert torch.equal(batches[0], features[local_only[0][0]])
         assert loader.stats["rows_fetched"] == 0
+        assert loader.stats["rows_read_in_place"] == 40
     assert source.asked == []
+
+
+@pytest.mark.parametrize("shape_dtype", [((5,), torch.float32), ((3,), torch.float16),
+                                         ((7,), torch.uint8)])
+def test_a_batch_put_together_in_a_byte_staging_buffer_is_the_batch(shape_dtype):
+    """What the CUDA device's ``place_rows`` runs on the host before its upload: the
+    CPU device places local and fetched rows into (n, row_bytes) uint8 staging rows
+    (a prefix of a larger, poisoned buffer); those bytes are ``table[ids]``'s."""
+    row_shape, dtype = shape_dtype
+    features = make_table(N, row_shape, dtype)
+    table = make_remote_table(PartitionedRows(features), "features")
+    ids = torch.randperm(N, generator=torch.Generator().manual_seed(1))[:90].numpy()
+    fetched = table.fetch_split(ids, read_local=True)
+    assert 0 < len(fetched.local_rows) < len(ids)
+    staging = torch.full((128, table.row_bytes), 0xAB, dtype=torch.uint8)
+    CPUDevice().place_rows(table, fetched, staging[:len(ids)])
+    assert torch.equal(staging[:len(ids)], byte_rows(features[torch.from_numpy(ids)]))
+    assert bool((staging[len(ids):] == 0xAB).all())  # nothing written past the batch
 
 
 def test_a_dict_of_partitioned_and_host_tables():

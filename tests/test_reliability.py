@@ -53,6 +53,9 @@ ON_CUDA = (
 CUDA_KIND = pytest.param("cuda", marks=ON_CUDA)
 #: The devices the loader-level reliability tests run on.
 DEVICE_KINDS = ["cpu", "fake", CUDA_KIND]
+#: Each CUDA gather mode as a ``device_kind`` (``"cuda-<mode>"``; see :func:`loader_device`).
+CUDA_MODE_KINDS = [pytest.param(f"cuda-{mode}", marks=ON_CUDA)
+                   for mode in ("zerocopy", "staged", "device")]
 #: ``torch.cuda._sleep`` cycles per second of sleep (about one GPU clock; rough is fine).
 CUDA_SLEEP_CYCLES_PER_S = 1.5e9
 
@@ -64,6 +67,14 @@ digest = tensor_digest  # the shared batch hash
 def make_device(kind: str, seed: int = 0, max_delay_s: float = 0.002) -> Any:
     """``"cpu"``/``"cuda"`` as they are; ``"fake"`` becomes a seeded FakeAsyncDevice."""
     return fake(seed=seed, max_delay_s=max_delay_s) if kind == "fake" else kind
+
+
+def loader_device(kind: str, seed: int = 0) -> dict[str, Any]:
+    """The loader's ``device=`` (and ``gather=``) for a ``device_kind``: ``"cpu"``,
+    ``"fake"`` (seeded) or ``"cuda-<gather mode>"``."""
+    if kind.startswith("cuda-"):
+        return {"device": "cuda", "gather": kind.removeprefix("cuda-")}
+    return {"device": make_device(kind, seed)}
 
 
 def make_table(

@@ -14,7 +14,15 @@ from typing import Any
 
 import pytest
 import torch
-from test_reliability import Expected, SeqSource, Verifier, fake, make_table, seq_triples
+from test_reliability import (
+    CUDA_MODE_KINDS,
+    Expected,
+    SeqSource,
+    Verifier,
+    loader_device,
+    make_table,
+    seq_triples,
+)
 from test_usage_patterns import CountingCPUDevice
 
 import pingpong
@@ -47,14 +55,13 @@ class Rows:
         return rows if self.result_dtype is None else rows.to(self.result_dtype)
 
 
-@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("device_kind", ["cpu", "fake", *CUDA_MODE_KINDS])
 def test_row_source_features_and_labels_are_bit_identical(device_kind):
     triples = seq_triples(N, 12)
     features, labels = make_table(N, (5,)), make_table(N, (), torch.int64)
-    device = fake(seed=7) if device_kind == "fake" else "cpu"
-    verifier = Verifier(device, Expected(features, labels, triples))
-    with PingPongLoader(SeqSource(triples), Rows(features), Rows(labels),
-                        device=device) as loader:
+    where = loader_device(device_kind, seed=7)
+    verifier = Verifier(where["device"], Expected(features, labels, triples))
+    with PingPongLoader(SeqSource(triples), Rows(features), Rows(labels), **where) as loader:
         for _ in range(2):
             for batch in loader:
                 verifier.submit(batch)

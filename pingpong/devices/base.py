@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..rowsource import RemoteTable
+from ..rowsource import FetchedRows, RemoteTable
 from ..store import FeatureStore, HostTable, byte_rows
 
 
@@ -118,9 +118,24 @@ class Device(abc.ABC):
 
     @property
     def supports_local_rows(self) -> bool:
-        """Whether :meth:`gather_at` and :meth:`copy_rows_at` work: a row source's
-        local rows are then read in place (:class:`~pingpong.rowsource.LocalPart`)."""
+        """Whether :meth:`place_rows` works: a row source's local rows are then read
+        in place (:class:`~pingpong.rowsource.LocalPart`), not fetched."""
         return False
+
+    def place_rows(self, table: RemoteTable, fetched: FetchedRows, out: torch.Tensor) -> None:
+        """Copy stream: enqueue the writes that put a batch of ``table`` -- split into
+        rows read in place and rows fetched (``fetched.positions`` is not None) --
+        into ``out``: ``out[fetched.local_positions[k]] = table.local.table[
+        fetched.local_rows[k]]`` and ``out[fetched.positions[k]] = fetched.rows[k]``.
+        The two position arrays together name every row of ``out`` once.
+
+        Default: :meth:`gather_at`, then :meth:`copy_rows_at` (when rows were fetched).
+        """
+        assert table.local is not None
+        assert fetched.positions is not None
+        self.gather_at(table.local.table, fetched.local_rows, fetched.local_positions, out)
+        if fetched.rows is not None:
+            self.copy_rows_at(table, fetched.rows, fetched.positions, out)
 
     def gather_at(self, table: HostTable, ids: np.ndarray, positions: np.ndarray,
                   out: torch.Tensor) -> None:

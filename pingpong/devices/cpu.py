@@ -88,13 +88,14 @@ class CPUDevice(Device):
         self._warm_up: WarmUpThread | None = None
 
     def attach(self, store: FeatureStore) -> None:
+        tables = [table.byte_rows for table in store.all_tables if isinstance(table, HostTable)]
+        self.start_warm_up(tables, local_parts(store))
+
+    def start_warm_up(self, tables: list[np.ndarray], local: list[np.ndarray]) -> None:
+        """Start loading the kernels for the byte rows of ``tables`` (gathers) and of
+        ``local`` (row sources' local parts: the positioned kernel); once per device."""
         if self._warm_up is not None:
             return
-        # Row sources (pingpong.rowsource) are fetched and copied, except the rows
-        # they hold locally: those are gathered in place, by the positioned kernel.
-        tables = [table.byte_rows for table in store.all_tables if isinstance(table, HostTable)]
-        local = [table.local.table.byte_rows for table in store.all_tables
-                 if isinstance(table, RemoteTable) and table.local is not None]
 
         def warm_up(should_stop: Any) -> list[tuple[object, ...]]:
             ready = warm_up_cpu(tables, id_dtypes=(np.int64,), should_stop=should_stop)
@@ -178,3 +179,10 @@ class CPUDevice(Device):
 
     def consumer_record(self, stream: Any = None) -> Event:
         return COMPLETED
+
+
+def local_parts(store: FeatureStore) -> list[np.ndarray]:
+    """The byte rows of the row sources' local parts (read in place by the positioned
+    kernel; the other rows of row sources are fetched and copied)."""
+    return [table.local.table.byte_rows for table in store.all_tables
+            if isinstance(table, RemoteTable) and table.local is not None]

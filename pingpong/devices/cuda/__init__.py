@@ -12,7 +12,9 @@ Stream/event choreography, per slot (see docs/design):
    events -- the consumer streams' reads of its previous batch come first;
 2. ids are copied into a pinned staging buffer, then to the GPU, on the copy
    stream (and, in ``zerocopy``, sorted there); the gather kernels, labels and
-   graphs follow on the copy stream;
+   graphs follow on the copy stream; a row source's batch (its fetched rows,
+   and the rows of its local part, gathered on the host) is put together in a
+   pinned staging buffer and copied on the copy stream;
 3. ``ready_event`` is recorded on the copy stream and travels with the batch;
 4. consumer (``next()``): the stream current at that moment (looked up
    every time, never cached) waits for ``ready_event``, and ``record_stream``
@@ -36,10 +38,10 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError, GatherModeUnavailable
-from ...rowsource import RemoteTable
+from ...rowsource import FetchedRows, RemoteTable
 from ...store import FeatureStore, HostTable, byte_rows
 from ..base import Device, Event
-from ..cpu import CPUDevice
+from ..cpu import CPUDevice, local_parts
 from ._modes import DeviceGather, GatherMode, StagedGather, ZeroCopyGather
 from ._streams import STAGING_RING, CopyStream, CudaEvent
 
@@ -100,6 +102,9 @@ class CUDADevice(Device):
     # -- lifecycle -------------------------------------------------------------
     def attach(self, store: FeatureStore) -> None:
         self._mode.attach(store)
+        local = local_parts(store)
+        if local:  # the positioned CPU kernel that place_rows runs
+            self._cpu.start_warm_up([], local)
 
     def detach(self) -> None:
         if self._closed:
@@ -107,6 +112,7 @@ class CUDADevice(Device):
         self._closed = True
         self._copy.close()  # no kernel may still read what the mode releases
         self._mode.detach()
+        self._cpu.detach()
 
     def producer_started(self) -> None:
         self._copy.producer_started()
@@ -148,6 +154,22 @@ class CUDADevice(Device):
                 staging.copy_(source)
 
             self._copy.upload(id(table), len(rows), table.row_bytes, fill, byte_rows(out))
+
+    @property
+    def supports_local_rows(self) -> bool:
+        return True
+
+    def place_rows(self, table: RemoteTable, fetched: FetchedRows, out: torch.Tensor) -> None:
+        """The batch is put together in a pinned staging buffer by the CPU device --
+        the local rows gathered from the local part by the positioned kernel, the
+        fetched rows copied to their places -- then uploaded like :meth:`copy_rows`."""
+        self._copy.pending.append(out)
+        if len(out):
+
+            def fill(staging: torch.Tensor) -> None:
+                self._cpu.place_rows(table, fetched, staging)
+
+            self._copy.upload(id(table), len(out), table.row_bytes, fill, byte_rows(out))
 
     def move_graphs(self, graphs: list[Any]) -> list[Any]:
         return [self._copy.move_graph(graph) for graph in graphs]
