@@ -60,6 +60,7 @@ import train_dist as td
 from sage_model import SAGE
 
 import pingpong
+import pingpong.rowsource
 
 KINDS = ("sync", "pingpong", "load", "compute")
 GOAL_EFFICIENCY = 1.1  # pingpong epoch <= 1.1 x max(load, compute)
@@ -89,6 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-local-rows", action="store_true",
                    help="pingpong pulls every row, also those of this machine's partition "
                         "(default: it reads them in place from shared memory)")
+    p.add_argument("--no-id-range", action="store_true",
+                   help="split the ids with the DistTensor's part_policy per batch, as before "
+                        "the id-range split (for an A/B run; default: the range)")
     p.add_argument("--part-dir", type=Path, default=None)
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="first wait up to this many seconds for other processes to go quiet")
@@ -131,6 +135,8 @@ def trainer_main(args: argparse.Namespace) -> None:
     if args.profile_producer is not None:
         profile_producer_threads(args.profile_producer)
     tr = td.init_trainer(threads=1)
+    if args.no_id_range:  # the loader then asks DGL's part_policy for every batch
+        setattr(pingpong.rowsource, "local_id_range", lambda *_args: None)  # noqa: B010
     # local: pingpong reads this machine's partition in place (the sync loop pulls it)
     feat = td.DelayedRows(tr.g.ndata["feat"], local=not args.no_local_rows)
     label = td.DelayedRows(tr.g.ndata["label"], local=not args.no_local_rows)
@@ -297,7 +303,9 @@ def render(report: dict[str, Any]) -> str:
         f"{report['steps_per_epoch']} steps per epoch per trainer, 2 pulls per step "
         f"(features, labels; pingpong "
         + ("pulls every row" if s.get("no_local_rows") else
-           "reads the rows of the trainer's own partition in place and pulls the others")
+           "reads the rows of the trainer's own partition in place and pulls the others"
+           + ("; the ids split by DGL's part_policy per batch, not by the partition's id "
+              "range" if s.get("no_id_range") else ""))
         + f"); GraphSAGE hidden {s['hidden']}. Medians of "
         f"{min(r['epochs_each'] for r in report['summary'])} timed epochs of each kind per "
         f"delay (after a warm-up of each), kinds shuffled per round; an epoch's time is the "
@@ -395,7 +403,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                      for k, v in vars(args).items()
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
                               "hidden", "delays_ms", "rounds", "trainers", "samplers",
-                              "no_local_rows")},
+                              "no_local_rows", "no_id_range")},
         "steps_per_epoch": result["steps_per_epoch"],
         "train_nodes_per_trainer": result["train_nodes_per_trainer"],
         "summary": summary, "judged": judged,

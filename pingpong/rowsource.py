@@ -44,8 +44,20 @@ rows; on CUDA they are the pinned staging buffer that the batch then goes
 to the GPU from, in one upload per table (the shared-memory partition is not
 pinned for the zero-copy kernel).  Local row numbers are
 checked against ``len(local_partition)`` before the kernel reads anything.
-The batch is bit for bit what ``source[ids]`` would have returned.  A source
-whose local part is missing, of another shape or dtype, not contiguous, or
+The batch is bit for bit what ``source[ids]`` would have returned.
+
+Where the local ids are one range, the split costs no call into the policy:
+if ``part_policy.partition_book.partid2nids(part_id, part_policy.type_name)``
+(``partid2eids`` for a policy whose ``is_node`` is False) returns the
+consecutive ids ``a, a+1, ..., b-1`` -- DGL's ``RangePartitionBook`` does,
+and every partition ``dgl.distributed.partition_graph`` writes is one -- and
+the policy agrees at the range's edges (``to_partid`` of ``a`` and ``b-1`` is
+``part_id``, of ``a-1`` and ``b`` is not; ``to_local`` maps ``a`` to row 0 and
+``b-1`` to the last), the local ids are taken to be exactly ``[a, b)`` and
+row ``id - a`` holds id ``id``, found with NumPy in the producer; otherwise
+``to_partid``/``to_local`` are called per batch.
+
+A source whose local part is missing, of another shape or dtype, not contiguous, or
 inconsistent with its policy is fetched whole, as any other row source (the
 reason is logged).  To opt out, pass an object that forwards ``shape``,
 ``dtype`` and ``__getitem__`` only.
@@ -108,11 +120,14 @@ class LocalPart:
         table: ``local_partition`` as a validated host table (never copied).
         part_id: the partition whose rows it holds.
         policy: maps global ids to partitions and to rows of ``table``.
+        id_range: ``(a, b)`` when the local ids are exactly ``a..b-1``, row ``id - a``
+            holding ``id`` (:func:`local_id_range`); then ``policy`` is not called.
     """
 
     table: HostTable
     part_id: int
     policy: Any
+    id_range: tuple[int, int] | None = None
 
     def locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(positions, rows, others)``: which of ``ids`` (validated, int64) are local,
@@ -122,6 +137,8 @@ class LocalPart:
             TableError: the policy maps an id to a row outside ``table`` --
                 checked here, before any kernel reads ``table``.
         """
+        if self.id_range is not None:
+            return self._locate_in_range(ids)
         id_tensor = torch.from_numpy(ids if ids.flags.writeable else ids.copy())
         is_local = torch.as_tensor(self.policy.to_partid(id_tensor)) == self.part_id
         if is_local.shape != id_tensor.shape:
@@ -148,6 +165,15 @@ class LocalPart:
                 f"{self.part_id} to row {bad}, outside its {self.table.num_rows} local rows"
             )
         return positions.numpy(), rows, others
+
+    def _locate_in_range(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`locate` for local ids ``a..b-1`` (``id_range``): rows ``ids - a``,
+        in ``[0, b - a)`` = the table's rows by construction."""
+        assert self.id_range is not None
+        start, stop = self.id_range
+        is_local = (ids >= start) & (ids < stop)
+        positions = np.flatnonzero(is_local)
+        return positions, ids[positions] - start, np.flatnonzero(~is_local)
 
 
 @dataclass(frozen=True)
@@ -258,7 +284,8 @@ def find_local_part(table: RemoteTable) -> LocalPart | None:
         problem = _local_part_problem(table, rows, policy)
         if problem is None:
             return LocalPart(make_host_table(rows, f"{table.name}.local_partition"),
-                             int(policy.part_id), policy)
+                             int(policy.part_id), policy,
+                             local_id_range(policy, rows.shape[0], table.num_rows))
     except Exception as exc:  # noqa: BLE001 - whatever it is, the rows are fetched instead
         problem = f"reading it raised {exc!r}"
     logger.info("pingpong: %s: rows of the local partition are fetched like the "
@@ -286,3 +313,37 @@ def _local_part_problem(table: RemoteTable, rows: Any, policy: Any) -> str | Non
         return (f"part_policy.get_part_size() is {int(size())}, local_partition has "
                 f"{rows.shape[0]} rows")
     return None
+
+
+def local_id_range(policy: Any, num_local: int, num_ids: int) -> tuple[int, int] | None:
+    """``(a, b)`` if the local ids of ``policy`` are exactly ``a..b-1``, row ``id - a``
+    holding ``id`` -- the policy's partition book says so, and the policy agrees at
+    the range's edges (see the module docstring) -- else None (also when asking raised).
+    """
+    try:
+        book = policy.partition_book
+        ids_of = book.partid2nids if policy.is_node else book.partid2eids
+        ids = torch.as_tensor(ids_of(policy.part_id, policy.type_name)).reshape(-1)
+        if len(ids) != num_local or num_local == 0:
+            return None
+        start, stop = int(ids[0]), int(ids[-1]) + 1
+        if stop - start != num_local or not bool((ids[1:] - ids[:-1] == 1).all()):
+            return None
+        part_id = int(policy.part_id)
+        inside = torch.tensor([start, stop - 1])
+        outside = [i for i in (start - 1, stop) if 0 <= i < num_ids]
+        agrees = (
+            _as_list(policy.to_partid(inside)) == [part_id, part_id]
+            and (not outside or part_id not in _as_list(policy.to_partid(torch.tensor(outside))))
+            and _as_list(policy.to_local(inside)) == [0, num_local - 1]
+        )
+    except Exception as exc:  # noqa: BLE001 - the policy is called per batch instead
+        logger.debug("pingpong: no local id range (%r); asking part_policy per batch", exc)
+        return None
+    return (start, stop) if agrees else None
+
+
+def _as_list(values: Any) -> list[int]:
+    """A policy's answer (a tensor or array of ints) as a flat list."""
+    return [int(v) for v in torch.as_tensor(values).reshape(-1).tolist()]
+

@@ -162,6 +162,11 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
         assert report["stats"]["fetch_s"] > 0  # the rows came through the row sources
         # ... those of this machine's partition straight from its shared memory (no pull),
         # the others through DGL's pull.
+        # Found without a call into DGL per batch: the partition is one id range
+        # (on one host every trainer is DGL's machine 0: partition 0).
+        first, stop, count = report["local_ids_by_policy"]
+        assert stop - first == count < report["num_nodes"]
+        assert report["local_id_ranges"] == [[first, stop]] * 2  # feat, label
         local = sum(e["local_rows"] for e in epochs)
         assert report["stats"]["rows_read_in_place"] == local > 0
         assert report["stats"]["rows_fetched"] == sum(

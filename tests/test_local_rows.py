@@ -14,6 +14,7 @@ before the kernel reads; a local part pingpong cannot use is fetched whole.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ import pingpong
 from pingpong import PingPongLoader
 from pingpong.devices.cpu import CPUDevice
 from pingpong.kernels.cpu import gather_rows_at_cpu_unchecked
-from pingpong.rowsource import make_remote_table
+from pingpong.rowsource import LocalPart, local_id_range, make_remote_table
 from pingpong.store import byte_rows, make_host_table
 
 N = 400
@@ -96,22 +97,29 @@ def test_local_rows_are_read_in_place_and_batches_are_bit_identical(device_kind,
     features = make_table(N, row_shape, dtype)
     labels = make_table(N, (), torch.int64)
     x_source, y_source = PartitionedRows(features), PartitionedRows(labels)
-    where = loader_device(device_kind, seed=3)
-    verifier = Verifier(where["device"], Expected(features, labels, triples))
-    with PingPongLoader(SeqSource(triples), x_source, y_source, **where) as loader:
-        for _ in range(2):
-            for batch in loader:
-                verifier.submit(batch)
-        verifier.resolve()
-        stats = loader.stats
+    with PingPongLoader(SeqSource(triples), x_source, y_source,
+                        **loader_device(device_kind, seed=3)) as loader:
+        check_two_epochs(loader, features, labels, triples, x_source, y_source)
+
+
+def check_two_epochs(loader: PingPongLoader, features: torch.Tensor, labels: torch.Tensor,
+                     triples: list[Any], x_source: PartitionedRows,
+                     y_source: PartitionedRows) -> None:
+    """Two epochs of ``loader`` (over ``triples``, partition 1 local) are bit-identical;
+    the sources were asked for the other partitions' rows only; the stats count both."""
+    device = "cuda" if loader._device.torch_device.type == "cuda" else loader._device
+    verifier = Verifier(device, Expected(features, labels, triples))
+    for _ in range(2):
+        for batch in loader:
+            verifier.submit(batch)
+    verifier.resolve()
     assert (verifier.checked, verifier.corrupted) == (24, 0)
-    # The sources were asked for the other partitions' rows only.
     assert x_source.local_ids_asked() == y_source.local_ids_asked() == 0
     local_x, remote_x = split_counts(triples, BOUNDS[1], BOUNDS[2], 2)
     local_y, remote_y = split_counts([(t[1],) for t in triples], BOUNDS[1], BOUNDS[2], 2)
     assert sum(len(ids) for ids in x_source.asked) == remote_x
-    assert stats["rows_read_in_place"] == local_x + local_y > 0
-    assert stats["rows_fetched"] == remote_x + remote_y > 0
+    assert loader.stats["rows_read_in_place"] == local_x + local_y > 0
+    assert loader.stats["rows_fetched"] == remote_x + remote_y > 0
 
 
 @pytest.mark.parametrize("device_kind", ["cpu", *CUDA_MODE_KINDS])
@@ -316,3 +324,179 @@ def test_the_positioned_kernel_refuses_ids_and_positions_of_different_lengths():
     out = np.zeros((4, 8), dtype=np.uint8)
     with pytest.raises(pingpong.TableError, match="3 ids but 2 positions"):
         gather_rows_at_cpu_unchecked(table, np.arange(3), np.arange(2), out)
+
+
+# --------------------------------------------------------------------------- id ranges
+class RangeBook:
+    """DGL's RangePartitionBook, reduced to ``partid2nids``: partitions are id ranges."""
+
+    def __init__(self, bounds: tuple[int, ...]) -> None:
+        self.bounds = bounds
+        self.asked: list[tuple[int, str]] = []
+
+    def partid2nids(self, partid: int, ntype: str) -> torch.Tensor:
+        self.asked.append((partid, ntype))
+        return torch.arange(self.bounds[partid], self.bounds[partid + 1])
+
+
+class BookedPolicy(RangePolicy):
+    """A :class:`RangePolicy` with a partition book, like DGL's NodePartitionPolicy;
+    counts its per-id calls."""
+
+    is_node = True
+    type_name = "_N"
+
+    def __init__(self, bounds: tuple[int, ...], part_id: int) -> None:
+        super().__init__(bounds, part_id)
+        self.partition_book = RangeBook(bounds)
+        self.calls = 0
+
+    def to_partid(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().to_partid(ids)
+
+    def to_local(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().to_local(ids)
+
+
+def booked_rows(table: torch.Tensor, part_id: int = 1) -> PartitionedRows:
+    source = PartitionedRows(table, part_id)
+    source.part_policy = BookedPolicy(BOUNDS, part_id)
+    return source
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+def test_a_range_partition_is_split_without_calling_the_policy_per_batch(device_kind):
+    triples = seq_triples(N, 12)
+    features, labels = make_table(N, (6,)), make_table(N, (), torch.int64)
+    x_source, y_source = booked_rows(features), booked_rows(labels)
+    with PingPongLoader(SeqSource(triples), x_source, y_source,
+                        **loader_device(device_kind, seed=5)) as loader:
+        tables = loader._store.all_tables
+        assert [t.local.id_range for t in tables] == [(150, 260)] * 2
+        calls_at_construction = [s.part_policy.calls for s in (x_source, y_source)]
+        check_two_epochs(loader, features, labels, triples, x_source, y_source)
+    assert [s.part_policy.calls for s in (x_source, y_source)] == calls_at_construction
+
+
+@pytest.mark.parametrize("part_id", [0, 1, 2])
+def test_the_range_split_equals_the_policy_split(part_id):
+    """For any ids (none local, all local, mixed, repeated, the range's edges) the
+    split from the id range is the one the policy's calls give."""
+    source = booked_rows(make_table(N, (2,)), part_id)
+    table = make_remote_table(source, "features")
+    assert table.local is not None
+    lo, hi = BOUNDS[part_id], BOUNDS[part_id + 1]
+    assert table.local.id_range == (lo, hi)
+    by_policy = replace(table.local, id_range=None)
+    gen = np.random.default_rng(part_id)
+    cases = [np.empty(0, np.int64), np.arange(lo, hi), np.array([lo - 1, lo, hi - 1, hi]),
+             np.array([0, N - 1, lo, lo, hi - 1])] + [gen.integers(0, N, 300) for _ in range(5)]
+    for ids in cases:
+        ids = ids[(ids >= 0) & (ids < N)].astype(np.int64)
+        got, want = table.local.locate(ids), by_policy.locate(ids)
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g, w)
+            assert g.dtype == np.int64
+
+
+class NotARange:
+    """Books and policies whose local ids must not be taken as one range."""
+
+    @staticmethod
+    def gap(policy: BookedPolicy) -> None:  # 150..259 without 200, and 260
+        policy.partition_book.partid2nids = lambda p, t: torch.cat(  # type: ignore[method-assign]
+            [torch.arange(150, 200), torch.arange(201, 261)])
+
+    @staticmethod
+    def unsorted(policy: BookedPolicy) -> None:
+        policy.partition_book.partid2nids = lambda p, t: torch.arange(150, 260).flip(0)  # type: ignore[method-assign]
+
+    @staticmethod
+    def shifted(policy: BookedPolicy) -> None:  # the policy puts 150 in the partition too
+        policy.partition_book.bounds = (0, 151, 261, N)
+
+    @staticmethod
+    def wider(policy: BookedPolicy) -> None:  # the policy's partition also holds 149
+        policy.bounds = torch.tensor((0, 149, 260, N))
+        policy.to_local_shift = -1  # ... and still maps 150 to row 0
+
+    @staticmethod
+    def other_size(policy: BookedPolicy) -> None:
+        policy.partition_book.bounds = (0, 150, 259, N)
+
+    @staticmethod
+    def offset_rows(policy: BookedPolicy) -> None:  # to_local(150) is 1, not 0
+        policy.to_local_shift = 1
+
+    @staticmethod
+    def raises(policy: BookedPolicy) -> None:
+        def partid2nids(p: int, t: str) -> torch.Tensor:
+            raise RuntimeError("not this partition")
+
+        policy.partition_book.partid2nids = partid2nids  # type: ignore[method-assign]
+
+    @staticmethod
+    def edges(policy: BookedPolicy) -> None:  # an edge policy asks partid2eids: none here
+        policy.is_node = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("break_it", [NotARange.gap, NotARange.unsorted, NotARange.shifted,
+                                      NotARange.wider, NotARange.other_size, NotARange.offset_rows,
+                                      NotARange.raises, NotARange.edges],
+                         ids=lambda f: f.__name__)
+def test_no_range_unless_the_book_and_the_policy_agree_on_one(break_it):
+    policy = BookedPolicy(BOUNDS, 1)
+    assert local_id_range(policy, 110, N) == (150, 260)
+    break_it(policy)
+    assert local_id_range(policy, 110, N) is None
+
+
+def test_a_single_partition_is_the_whole_range():
+    policy = BookedPolicy((0, N), 0)
+    assert local_id_range(policy, N, N) == (0, N)
+
+
+def _dgl_partition_books(tmp_path: Any, graph: Any, parts: int) -> list[Any]:
+    from dgl.distributed import load_partition_book, partition_graph
+
+    partition_graph(graph, "g", parts, str(tmp_path), part_method="random")
+    return [load_partition_book(str(tmp_path / "g.json"), p)[0] for p in range(parts)]
+
+
+# DGL's partition_graph leaves /proc/self/status open (dgl/partition.py, get_peak_mem)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_dgl_range_partition_books_give_the_range_and_the_same_split(tmp_path):
+    """The real thing: DGL's partition books (``partition_graph``, loaded offline) for
+    a homogeneous graph's nodes and edges and a heterogeneous graph's node types."""
+    dgl = pytest.importorskip("dgl")
+    from dgl.distributed.graph_partition_book import EdgePartitionPolicy, NodePartitionPolicy
+
+    gen = np.random.default_rng(0)
+    homo = dgl.rand_graph(3000, 12000)
+    hetero = dgl.heterograph({
+        ("paper", "cites", "paper"): (torch.randint(0, 900, (4000,)),
+                                      torch.randint(0, 900, (4000,))),
+        ("author", "writes", "paper"): (torch.randint(0, 500, (3000,)),
+                                        torch.randint(0, 900, (3000,)))})
+    policies = []
+    for book in _dgl_partition_books(tmp_path / "homo", homo, 3):
+        policies += [(NodePartitionPolicy(book, "_N"), homo.num_nodes()),
+                     (EdgePartitionPolicy(book, book.canonical_etypes[0]
+                                          if hasattr(book, "canonical_etypes")
+                                          else "_E"), homo.num_edges())]
+    for book in _dgl_partition_books(tmp_path / "hetero", hetero, 2):
+        policies += [(NodePartitionPolicy(book, ntype), hetero.num_nodes(ntype))
+                     for ntype in ("paper", "author")]
+    for policy, num_ids in policies:
+        num_local = policy.get_part_size()
+        id_range = local_id_range(policy, num_local, num_ids)
+        assert id_range is not None, (policy.type_name, policy.part_id)
+        assert id_range[1] - id_range[0] == num_local
+        local = LocalPart(make_host_table(torch.zeros(num_local, 1), "t"), policy.part_id,
+                          policy, id_range)
+        by_policy = replace(local, id_range=None)
+        for ids in (gen.integers(0, num_ids, 500), np.arange(num_ids)):
+            for g, w in zip(local.locate(ids), by_policy.locate(ids), strict=True):
+                assert np.array_equal(g, w)

@@ -166,12 +166,21 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
                 "seeds_are_train_share": bool(torch.equal(seeds, tr.train_nids.sort().values)),
             })
         stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
+        id_ranges = [None if t.local is None else t.local.id_range
+                     for t in loader._store.all_tables]
+    # The local ids by the policy itself, id by id (what the id ranges must equal).
+    policy = feat.part_policy
+    local_ids = torch.nonzero(policy.to_partid(torch.arange(tr.g.num_nodes()))
+                              == policy.part_id).reshape(-1)
     params = hashlib.sha256()
     module: torch.nn.Module = model.module  # type: ignore[assignment]
     for t in module.state_dict().values():
         params.update(bits(t).numpy().tobytes())
     return {"epochs": epochs, "loader": type(loader).__name__, "stats": stats,
             "watched": watched, "sampler_processes": sampler_processes,
+            "local_id_ranges": id_ranges,
+            "local_ids_by_policy": [int(local_ids[0]), int(local_ids[-1]) + 1,
+                                    int(local_ids.numel())],
             "train_share": tr.train_nids.tolist(), "num_nodes": tr.g.num_nodes(),
             "params_sha256": params.hexdigest()}
 
