@@ -568,6 +568,28 @@ def init_trainer(threads: int = 1, gloo_timeout_s: float = 1800.0) -> Trainer:
     import dgl
     import torch.distributed as dist
 
+    g, rank, world_size, part_config, book = connect_trainer(threads, gloo_timeout_s)
+    if dgl.distributed.role.get_num_trainers() % book.num_partitions() == 0:
+        splits = [dgl.distributed.node_split(g.ndata[f"{s}_mask"], book, force_even=True)
+                  for s in ("train", "val", "test")]
+    else:  # fewer trainers than partitions (a benchmark's 1 trainer): node_split refuses it
+        every = torch.arange(g.num_nodes())
+        splits = [torch.nonzero(g.ndata[f"{s}_mask"][every]).squeeze(1).chunk(world_size)[rank]
+                  for s in ("train", "val", "test")]
+    count = torch.tensor([len(splits[0])])
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    splits[0] = splits[0][: int(count)]
+    return Trainer(g, rank, world_size, part_config, *splits)
+
+
+def connect_trainer(threads: int = 1, gloo_timeout_s: float = 1800.0
+                    ) -> tuple[Any, int, int, Path, Any]:
+    """A trainer's connections: ``dgl.distributed.initialize``, a gloo process group,
+    the DistGraph. Returns ``(g, rank, world_size, part_config, book)``; ``book`` is
+    the partition book of this rank's share (on one host: partition ``rank``'s)."""
+    import dgl
+    import torch.distributed as dist
+
     die_with_launcher()
     logging.getLogger("dgl-distributed-socket").setLevel(logging.ERROR)
     torch.set_num_threads(threads)
@@ -586,17 +608,7 @@ def init_trainer(threads: int = 1, gloo_timeout_s: float = 1800.0) -> Trainer:
     book = g.get_partition_book()
     if token is not None:  # DGL put us on machine 0; our share is partition `rank`'s
         book = dgl.distributed.load_partition_book(str(part_config), rank)[0]
-    if dgl.distributed.role.get_num_trainers() % book.num_partitions() == 0:
-        splits = [dgl.distributed.node_split(g.ndata[f"{s}_mask"], book, force_even=True)
-                  for s in ("train", "val", "test")]
-    else:  # fewer trainers than partitions (a benchmark's 1 trainer): node_split refuses it
-        every = torch.arange(g.num_nodes())
-        splits = [torch.nonzero(g.ndata[f"{s}_mask"][every]).squeeze(1).chunk(world_size)[rank]
-                  for s in ("train", "val", "test")]
-    count = torch.tensor([len(splits[0])])
-    dist.all_reduce(count, op=dist.ReduceOp.MIN)
-    splits[0] = splits[0][: int(count)]
-    return Trainer(g, rank, world_size, part_config, *splits)
+    return g, rank, world_size, part_config, book
 
 
 def make_source(g: Any, nids: torch.Tensor, fanouts: Sequence[int], batch_size: int,

@@ -135,6 +135,18 @@ def _not_zombie(pid: int) -> bool:
         return False
 
 
+def assert_two_equal_epochs(epochs: list[dict[str, Any]]) -> None:
+    """Two reshuffled epochs, each covering the trainer's share once, every batch
+    equal to the synchronous pulls and to the original tables."""
+    assert len(epochs) == 2
+    for e in epochs:
+        assert e["batches"] == e["len_loader"] > 1
+        assert e["mismatch_vs_sync_pull"] == 0
+        assert e["mismatch_vs_original"] == 0
+        assert e["seeds_are_train_share"]  # every seed of the share, once
+    assert epochs[0]["order_sha256"] != epochs[1]["order_sha256"], "not reshuffled"
+
+
 # --------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("mode", ["equal", "equal-samplers"])
 def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
@@ -151,13 +163,7 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
     for report in ranks:
         assert report["loader"] == "PingPongLoader"
         epochs = report["epochs"]
-        assert len(epochs) == 2
-        for e in epochs:
-            assert e["batches"] == e["len_loader"] > 1
-            assert e["mismatch_vs_sync_pull"] == 0
-            assert e["mismatch_vs_original"] == 0
-            assert e["seeds_are_train_share"]  # every seed of the share, once
-        assert epochs[0]["order_sha256"] != epochs[1]["order_sha256"], "not reshuffled"
+        assert_two_equal_epochs(epochs)
         assert report["stats"]["batches"] == sum(e["batches"] for e in epochs)
         assert report["stats"]["fetch_s"] > 0  # the rows came through the row sources
         # ... those of this machine's partition straight from its shared memory (no pull),
@@ -180,6 +186,29 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
     assert not shares[0] & shares[1]
     assert ranks[0]["epochs"][0]["batches"] == ranks[1]["epochs"][0]["batches"]
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]  # DDP averaged them
+
+
+def test_pingpong_over_a_heterogeneous_distgraph_equals_synchronous_pulls(
+        part_dir: Path, tmp_path: Path) -> None:
+    """Paper and author nodes, a DistTensor per node type (float32 and float64 of
+    another width) and paper labels, ``heterogeneous=True``: two shuffled epochs on
+    both trainers, every table of every batch bit-identical to the synchronous pulls
+    and to the original tables; each node type's local partition read in place."""
+    job, ranks = run_job("hetero-equal", tmp_path, part_dir)
+    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    for report in ranks:
+        epochs = report["epochs"]
+        assert_two_equal_epochs(epochs)
+        assert [e["node_types_seen"] for e in epochs] == [["author", "paper"]] * 2
+        assert report["dtypes"] == {"paper": "torch.float32", "author": "torch.float64"}
+        # Partition 0 of each node type is one id range from 0, read in place.
+        ranges = report["local_id_ranges"]
+        assert set(ranges) == {"features['paper']", "features['author']", "labels['paper']"}
+        assert all(r is not None and r[0] == 0 < r[1] for r in ranges.values()), ranges
+        local = sum(e["local_rows"] for e in epochs)
+        assert report["stats"]["rows_read_in_place"] == local > 0
+        assert report["stats"]["rows_fetched"] == sum(e["rows"] for e in epochs) - local > 0
 
 
 def test_pingpong_over_distedgedataloader_equals_synchronous_pulls(

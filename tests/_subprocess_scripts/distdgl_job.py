@@ -28,6 +28,11 @@ Modes (what a trainer does):
     One shuffled epoch of ``PingPongLoader`` over a ``DistEdgeDataLoader``
     (edge prediction, uniform negatives) with the ``DistTensor`` ``feat``; each
     batch's features are compared with ``feat[input_nodes]`` pulled afterwards.
+``hetero-equal``
+    ``equal`` on a heterogeneous graph (``paper`` and ``author`` nodes, three
+    edge types; float32 paper features, float64 author features of another
+    width, paper labels), two epochs over a ``DistNodeDataLoader`` with paper
+    seeds, one ``DistTensor`` per node type, ``heterogeneous=True``; no model.
 ``bad-id``
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
@@ -61,6 +66,7 @@ running, listed in ``pids.json``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -324,7 +330,117 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     return record
 
 
+def partition_hetero(part_dir: Path) -> Path:
+    """Partition the small heterogeneous graph of ``hetero-equal`` into ``part_dir``
+    (reused when there); ``orig_nids.pt`` maps DGL's new ids to the original ones."""
+    import dgl
+
+    meta = part_dir / "pingpong-hetero.json"
+    if meta.exists():
+        return part_dir / f"{json.loads(meta.read_text())['graph_name']}.json"
+    part_dir.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(5)
+    papers, authors = HETERO_NODES["paper"], HETERO_NODES["author"]
+
+    def edges(num_src: int, num_dst: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.randint(0, num_src, (n,), generator=gen),
+                torch.randint(0, num_dst, (n,), generator=gen))
+
+    writes = edges(authors, papers, 5000)
+    g = dgl.heterograph({("paper", "cites", "paper"): edges(papers, papers, 8000),
+                         ("author", "writes", "paper"): writes,
+                         ("paper", "written-by", "author"): (writes[1], writes[0])},
+                        num_nodes_dict=HETERO_NODES)
+    g.nodes["paper"].data["feat"] = torch.randn(papers, 24, generator=gen)
+    g.nodes["paper"].data["label"] = torch.randint(0, 5, (papers,), generator=gen)
+    g.nodes["paper"].data["train_mask"] = torch.rand(papers, generator=gen) < 0.5
+    g.nodes["author"].data["feat"] = torch.randn(authors, 7, generator=gen).double()
+    tables = {(t, k): g.nodes[t].data[k] for t in HETERO_NODES for k in ("feat", "label")
+              if k in g.nodes[t].data}
+    graph_name = f"pp_hetero_{os.getpid()}"
+    with contextlib.redirect_stdout(sys.stderr):  # DGL reports every step on stdout
+        orig_nids, _ = dgl.distributed.partition_graph(g, graph_name, 2, str(part_dir),
+                                                       return_mapping=True)
+    torch.save({"orig_nids": orig_nids, "tables": tables}, part_dir / "orig_nids.pt")
+    meta.write_text(json.dumps({"graph_name": graph_name}))
+    return part_dir / f"{graph_name}.json"
+
+
+HETERO_NODES = {"paper": 3000, "author": 2000}
+
+
+def init_hetero_trainer() -> td.Trainer:
+    """``td.init_trainer`` for the heterogeneous graph: this rank's share of the papers
+    to train on, the same size on both ranks (no validation or test nodes)."""
+    import dgl
+    import torch.distributed as dist
+
+    g, rank, world_size, part_config, book = td.connect_trainer(threads=1)
+    share = dgl.distributed.node_split(g.nodes["paper"].data["train_mask"], book,
+                                       ntype="paper", force_even=True)
+    count = torch.tensor([len(share)])
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    none = torch.empty(0, dtype=torch.int64)
+    return td.Trainer(g, rank, world_size, part_config, share[: int(count)], none, none)
+
+
+def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """Two shuffled epochs over a heterogeneous DistGraph: every batch's tables, node
+    type by node type, against the rows pulled afterwards and the original tables."""
+    import dgl
+
+    g = tr.g
+    feats = {t: g.nodes[t].data["feat"] for t in HETERO_NODES}
+    labels = {"paper": g.nodes["paper"].data["label"]}
+    truth = torch.load(part_dir / "hetero" / "orig_nids.pt")
+    share = tr.train_nids
+    source = dgl.dataloading.DistNodeDataLoader(
+        g, {"paper": share}, dgl.dataloading.NeighborSampler(FANOUTS), batch_size=BATCH_SIZE,
+        shuffle=True, drop_last=False)
+    epochs = []
+    with pingpong.PingPongLoader(source, feats, labels, heterogeneous=True, device="cpu",
+                                 timeout=120) as loader:
+        for _ in range(2):
+            kept = []
+            for batch in loader:
+                kept.append(({t: i.clone() for t, i in batch.input_nodes.items()},
+                             batch.output_nodes["paper"].clone(),
+                             {t: x.clone() for t, x in batch.x.items()},
+                             batch.y["paper"].clone()))
+            diff_sync = diff_truth = rows = local_rows = 0
+            types_seen: set[str] = set()
+            for input_nodes, seeds, x, y in kept:
+                types_seen |= {t for t, ids in input_nodes.items() if len(ids)}
+                for t, ids in [*input_nodes.items(), ("paper", seeds)]:
+                    policy = feats[t].part_policy  # the labels' is the papers' node policy
+                    rows += len(ids)
+                    local_rows += int((policy.to_partid(ids) == policy.part_id).sum())
+                for t, ids in input_nodes.items():
+                    ref = ids.roll(1) if BREAK == "wrong-pull" else ids
+                    original = truth["tables"][(t, "feat")][truth["orig_nids"][t][ids]]
+                    diff_sync += not same_bits(x[t], feats[t][ref])
+                    diff_truth += not same_bits(x[t], original)
+                diff_sync += not same_bits(y, labels["paper"][seeds])
+                diff_truth += not same_bits(
+                    y, truth["tables"][("paper", "label")][truth["orig_nids"]["paper"][seeds]])
+            order = torch.cat([k[1] for k in kept])
+            epochs.append({
+                "batches": len(kept), "len_loader": len(loader),
+                "mismatch_vs_sync_pull": diff_sync, "mismatch_vs_original": diff_truth,
+                "node_types_seen": sorted(types_seen), "rows": rows, "local_rows": local_rows,
+                "order_sha256": hashlib.sha256(order.numpy().tobytes()).hexdigest(),
+                "seeds_are_train_share": bool(torch.equal(order.sort().values,
+                                                          share.sort().values)),
+            })
+        stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
+        id_ranges = {table.name: None if table.local is None else table.local.id_range
+                     for table in loader._store.all_tables}
+    return {"epochs": epochs, "stats": stats, "local_id_ranges": id_ranges,
+            "dtypes": {t: str(x.dtype) for t, x in kept[0][2].items()}}
+
+
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
+            "hetero-equal": trainer_hetero_equal,
             "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-stop": trainer_server_loss}
@@ -334,7 +450,7 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 
     global MODE
     MODE = mode
-    tr = td.init_trainer(threads=1)
+    tr = init_hetero_trainer() if mode == "hetero-equal" else td.init_trainer(threads=1)
     record = TRAINERS[mode](tr, out, part_dir)
     write_json(out / f"rank{tr.rank}.json", {"rank": tr.rank, "pid": os.getpid(), **record})
     td.leave_process_group(tr.rank)
@@ -343,7 +459,8 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 # --------------------------------------------------------------------------- launcher
 def launcher_main(mode: str, out: Path, part_dir: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    part_config = td.partition_synthetic(SPEC, part_dir, 2, log=lambda s: None)
+    part_config = (partition_hetero(part_dir / "hetero") if mode == "hetero-equal" else
+                   td.partition_synthetic(SPEC, part_dir, 2, log=lambda s: None))
     command = [sys.executable, str(Path(__file__).resolve()), mode, str(out), str(part_dir)]
     job: dict[str, Any] = {"mode": mode, "break": BREAK, "events": []}
     signal.signal(signal.SIGTERM, td._raise_system_exit)
