@@ -329,10 +329,8 @@ def build(out: Path, command: str | None = None, commit: str | None = None,
     date = machine.get("date") or (now or dt.datetime.now(dt.timezone.utc)).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     result["date"] = date
-    gather = _read_json(out / "gather-cuda.json")
-    gpu = machine.get("gpu") or (gather or {}).get("gpu")
-    if gpu:
-        result["gpu"] = gpu
+    if machine.get("gpu"):  # the machine this check ran on (a report may be left from before)
+        result["gpu"] = machine["gpu"]
     if command:
         result["command"] = command
     if commit and machine.get("commit_source"):
@@ -413,8 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(result, indent=1) + "\n"
     (args.out / "gpu-latest.json").write_text(text)
     written = [args.out / "gpu-latest.json"]
-    ran_on_gpu = "gpu" in parse_machine(_read_text(args.out / "machine.txt"))
-    if args.copy_to is not None and not ran_on_gpu:  # a gather report may be left from before
+    if args.copy_to is not None and "gpu" not in result:
         print(f"# no GPU named in {args.out}/machine.txt: not copied to {args.copy_to}")
     elif args.copy_to is not None:
         args.copy_to.parent.mkdir(parents=True, exist_ok=True)

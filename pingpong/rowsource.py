@@ -327,7 +327,7 @@ def local_id_range(policy: Any, num_local: int, num_ids: int) -> tuple[int, int]
         if len(ids) != num_local or num_local == 0:
             return None
         start, stop = int(ids[0]), int(ids[-1]) + 1
-        if stop - start != num_local or not bool((ids[1:] - ids[:-1] == 1).all()):
+        if stop - start != num_local or not _consecutive(ids):
             return None
         part_id = int(policy.part_id)
         inside = torch.tensor([start, stop - 1])
@@ -346,4 +346,18 @@ def local_id_range(policy: Any, num_local: int, num_ids: int) -> tuple[int, int]
 def _as_list(values: Any) -> list[int]:
     """A policy's answer (a tensor or array of ints) as a flat list."""
     return [int(v) for v in torch.as_tensor(values).reshape(-1).tolist()]
+
+
+#: Ids per step of :func:`_consecutive` (its temporaries stay this small).
+_CHECK_CHUNK = 1 << 20
+
+
+def _consecutive(ids: torch.Tensor) -> bool:
+    """Whether each id is the one before plus 1, checked chunk by chunk (a partition
+    may hold hundreds of millions of ids: no temporary of their size)."""
+    for lo in range(0, len(ids) - 1, _CHECK_CHUNK):
+        chunk = ids[lo:lo + _CHECK_CHUNK + 1]
+        if not bool((chunk[1:] - chunk[:-1] == 1).all()):
+            return False
+    return True
 

@@ -241,6 +241,7 @@ def test_main_writes_out_and_the_copy_but_not_for_a_run_without_a_gpu(run_dir, t
     assert json.loads((run_dir / "gather-cuda.json").read_text())["gpu"] == "NVIDIA H200"
     assert gpu_latest.main([str(run_dir), "--copy-to", str(docs), "--commit", "abc"]) == 0
     assert not docs.exists()
+    assert "gpu" not in json.loads((run_dir / "gpu-latest.json").read_text())
     assert json.loads((run_dir / "gpu-latest.json").read_text())["commit"] == "abc"
 
 

@@ -31,7 +31,7 @@ from test_reliability import (
 )
 
 import pingpong
-from pingpong import PingPongLoader
+from pingpong import PingPongLoader, rowsource
 from pingpong.devices.cpu import CPUDevice
 from pingpong.kernels.cpu import gather_rows_at_cpu_unchecked
 from pingpong.rowsource import LocalPart, local_id_range, make_remote_table
@@ -366,7 +366,7 @@ def booked_rows(table: torch.Tensor, part_id: int = 1) -> PartitionedRows:
     return source
 
 
-@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("device_kind", ["cpu", "fake", *CUDA_MODE_KINDS])
 def test_a_range_partition_is_split_without_calling_the_policy_per_batch(device_kind):
     triples = seq_triples(N, 12)
     features, labels = make_table(N, (6,)), make_table(N, (), torch.int64)
@@ -453,6 +453,16 @@ def test_no_range_unless_the_book_and_the_policy_agree_on_one(break_it):
     assert local_id_range(policy, 110, N) is None
 
 
+def test_a_gap_anywhere_is_found_chunk_by_chunk(monkeypatch):
+    """The consecutiveness check reads the ids in chunks: a gap at any position, at a
+    chunk's edge included, means no range."""
+    monkeypatch.setattr("pingpong.rowsource._CHECK_CHUNK", 4)
+    assert rowsource._consecutive(torch.arange(7, 30))
+    for gap in range(1, 23):
+        ids = torch.cat([torch.arange(7, 7 + gap), torch.arange(8 + gap, 31)])
+        assert not rowsource._consecutive(ids), gap
+
+
 def test_a_single_partition_is_the_whole_range():
     policy = BookedPolicy((0, N), 0)
     assert local_id_range(policy, N, N) == (0, N)
@@ -469,7 +479,8 @@ def _dgl_partition_books(tmp_path: Any, graph: Any, parts: int) -> list[Any]:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_dgl_range_partition_books_give_the_range_and_the_same_split(tmp_path):
     """The real thing: DGL's partition books (``partition_graph``, loaded offline) for
-    a homogeneous graph's nodes and edges and a heterogeneous graph's node types."""
+    a homogeneous graph's nodes and edges and a heterogeneous graph's node and edge
+    types."""
     dgl = pytest.importorskip("dgl")
     from dgl.distributed.graph_partition_book import EdgePartitionPolicy, NodePartitionPolicy
 
@@ -483,12 +494,12 @@ def test_dgl_range_partition_books_give_the_range_and_the_same_split(tmp_path):
     policies = []
     for book in _dgl_partition_books(tmp_path / "homo", homo, 3):
         policies += [(NodePartitionPolicy(book, "_N"), homo.num_nodes()),
-                     (EdgePartitionPolicy(book, book.canonical_etypes[0]
-                                          if hasattr(book, "canonical_etypes")
-                                          else "_E"), homo.num_edges())]
+                     (EdgePartitionPolicy(book, book.canonical_etypes[0]), homo.num_edges())]
     for book in _dgl_partition_books(tmp_path / "hetero", hetero, 2):
         policies += [(NodePartitionPolicy(book, ntype), hetero.num_nodes(ntype))
                      for ntype in ("paper", "author")]
+        policies += [(EdgePartitionPolicy(book, etype), hetero.num_edges(etype))
+                     for etype in hetero.canonical_etypes]
     for policy, num_ids in policies:
         num_local = policy.get_part_size()
         id_range = local_id_range(policy, num_local, num_ids)

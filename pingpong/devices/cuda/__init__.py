@@ -89,7 +89,9 @@ class CUDADevice(Device):
             raise ConfigError(f"sort_ids must be one of {SORT_IDS}, got {sort_ids!r}")
         index = device.index if device.index is not None else torch.cuda.current_device()
         self._device = torch.device("cuda", index)
-        self._cpu = CPUDevice(gather_threads)  # Numba threads for the staged mode's CPU gather
+        # The host-side kernels: the staged mode's gather (its Numba threads), and
+        # place_rows' assembly of row sources' batches in staging buffers.
+        self._cpu = CPUDevice(gather_threads)
         self._copy = CopyStream(self._device)
         self._mode = _make_mode(gather_mode, self._copy, sort_ids, max_blocks)
         self.gather_mode = self._mode.name
@@ -110,9 +112,11 @@ class CUDADevice(Device):
         if self._closed:
             return
         self._closed = True
-        self._copy.close()  # no kernel may still read what the mode releases
-        self._mode.detach()
-        self._cpu.detach()
+        try:
+            self._copy.close()  # no kernel may still read what the mode releases
+            self._mode.detach()
+        finally:
+            self._cpu.detach()  # its warm-up thread, whatever the copy stream says
 
     def producer_started(self) -> None:
         self._copy.producer_started()
