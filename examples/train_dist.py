@@ -284,6 +284,9 @@ class LocalCluster:
     trainer_log_dir: Path | None = None
     server_threads: int = 1
     trainer_threads: int = 1
+    #: The servers' graph formats (DGL_GRAPH_FORMAT; launch.py's --graph_format):
+    #: edge workloads need "csc,coo" (a DistEdgeDataLoader's find_edges on a server).
+    graph_format: str = "csc"
     procs: list[Proc] = field(default_factory=list)
     token: str = field(default_factory=lambda: secrets.token_hex(4))
 
@@ -312,7 +315,7 @@ class LocalCluster:
             "DGL_CONF_PATH": str(self.part_config),
             "DGL_IP_CONFIG": str(self.ip_config),
             "DGL_NUM_SERVER": "1",  # servers per machine
-            "DGL_GRAPH_FORMAT": "csc",
+            "DGL_GRAPH_FORMAT": self.graph_format,
             ONE_HOST_ENV: self.token,
             LAUNCHER_PID_ENV: str(os.getpid()),
             "PYTHONUNBUFFERED": "1",

@@ -229,6 +229,28 @@ def test_pingpong_over_distedgedataloader_equals_synchronous_pulls(
         assert report["stats"]["rows_fetched"] > 0
 
 
+def test_edge_labels_over_distedgedataloader_equal_synchronous_pulls(
+        part_dir: Path, tmp_path: Path) -> None:
+    """Edge classification: ``DistEdgeDataLoader`` (seed edges from both partitions)
+    with ``edge_labels=g.edata["label"]``: every batch's x and y equal the pulls at
+    ``input_nodes`` and ``pair_graph.edata[dgl.EID]`` and the original tables; the
+    local edge partition is one id range, its labels read in place (counted)."""
+    job, ranks = run_job("edge-labels", tmp_path, part_dir)
+    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    for report in ranks:
+        assert report["batch_types"] == ["EdgeBatch"]
+        assert report["batches"] == report["len_loader"] > 1
+        assert report["mismatch_vs_sync_pull"] == 0
+        assert report["mismatch_vs_original"] == 0
+        assert report["edges_are_share"]
+        ranges = report["local_id_ranges"]
+        assert set(ranges) == {"features", "edge_labels"}
+        assert all(r is not None and r[0] == 0 < r[1] for r in ranges.values()), ranges
+        assert report["stats"]["rows_read_in_place"] == report["local_rows"] > 0
+        assert report["stats"]["rows_fetched"] == report["rows"] - report["local_rows"] > 0
+
+
 def test_out_of_range_id_is_refused_before_any_pull(part_dir: Path, tmp_path: Path) -> None:
     """Batch 2 carries id N: IdRangeError in the training loop, and the DistTensors
     were pulled for batches 0 and 1 only -- never with the bad id."""

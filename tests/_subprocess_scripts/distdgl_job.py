@@ -33,6 +33,12 @@ Modes (what a trainer does):
     edge types; float32 paper features, float64 author features of another
     width, paper labels), two epochs over a ``DistNodeDataLoader`` with paper
     seeds, one ``DistTensor`` per node type, ``heterogeneous=True``; no model.
+``edge-labels``
+    Edge classification on DistDGL: a homogeneous graph with an edge label
+    ``DistTensor`` (``g.edata["label"]``), one shuffled epoch over a
+    ``DistEdgeDataLoader`` (no negatives) with ``edge_labels=``: every batch's
+    ``y`` equals the labels pulled afterwards at ``pair_graph.edata[dgl.EID]``
+    and the original table; the edge partition's labels are read in place.
 ``bad-id``
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
@@ -330,16 +336,31 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     return record
 
 
-def partition_hetero(part_dir: Path) -> Path:
-    """Partition the small heterogeneous graph of ``hetero-equal`` into ``part_dir``
-    (reused when there); ``orig_nids.pt`` maps DGL's new ids to the original ones."""
+def partition_small(mode: str, part_dir: Path) -> Path:
+    """Partition the small graph of ``mode`` (``hetero-equal``, ``edge-labels``) into
+    ``part_dir`` (reused when there); ``orig.pt`` holds DGL's mappings from new ids
+    to the original ones and the original tables."""
     import dgl
 
-    meta = part_dir / "pingpong-hetero.json"
+    meta = part_dir / "pingpong-small.json"
     if meta.exists():
         return part_dir / f"{json.loads(meta.read_text())['graph_name']}.json"
     part_dir.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(5)
+    g, tables = SMALL_GRAPHS[mode](torch.Generator().manual_seed(5))
+    graph_name = f"pp_small_{os.getpid()}"
+    with contextlib.redirect_stdout(sys.stderr):  # DGL reports every step on stdout
+        orig_nids, orig_eids = dgl.distributed.partition_graph(g, graph_name, 2, str(part_dir),
+                                                               return_mapping=True)
+    torch.save({"orig_nids": orig_nids, "orig_eids": orig_eids, "tables": tables},
+               part_dir / "orig.pt")
+    meta.write_text(json.dumps({"graph_name": graph_name}))
+    return part_dir / f"{graph_name}.json"
+
+
+def hetero_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]]:
+    """``hetero-equal``'s graph, and its tables by ``(node type, name)``."""
+    import dgl
+
     papers, authors = HETERO_NODES["paper"], HETERO_NODES["author"]
 
     def edges(num_src: int, num_dst: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -355,18 +376,30 @@ def partition_hetero(part_dir: Path) -> Path:
     g.nodes["paper"].data["label"] = torch.randint(0, 5, (papers,), generator=gen)
     g.nodes["paper"].data["train_mask"] = torch.rand(papers, generator=gen) < 0.5
     g.nodes["author"].data["feat"] = torch.randn(authors, 7, generator=gen).double()
-    tables = {(t, k): g.nodes[t].data[k] for t in HETERO_NODES for k in ("feat", "label")
-              if k in g.nodes[t].data}
-    graph_name = f"pp_hetero_{os.getpid()}"
-    with contextlib.redirect_stdout(sys.stderr):  # DGL reports every step on stdout
-        orig_nids, _ = dgl.distributed.partition_graph(g, graph_name, 2, str(part_dir),
-                                                       return_mapping=True)
-    torch.save({"orig_nids": orig_nids, "tables": tables}, part_dir / "orig_nids.pt")
-    meta.write_text(json.dumps({"graph_name": graph_name}))
-    return part_dir / f"{graph_name}.json"
+    return g, {(t, k): g.nodes[t].data[k] for t in HETERO_NODES for k in ("feat", "label")
+               if k in g.nodes[t].data}
+
+
+def edge_label_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]]:
+    """``edge-labels``' graph (3,000 nodes, 6,000 edges), and its tables by name."""
+    import dgl
+
+    g = dgl.graph((torch.randint(0, 3000, (6000,), generator=gen),
+                   torch.randint(0, 3000, (6000,), generator=gen)), num_nodes=3000)
+    g.ndata["feat"] = torch.randn(3000, 12, generator=gen)
+    g.edata["label"] = torch.randint(0, 7, (6000,), generator=gen)
+    return g, {"feat": g.ndata["feat"], "label": g.edata["label"]}
 
 
 HETERO_NODES = {"paper": 3000, "author": 2000}
+SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
+
+
+def init_plain_trainer() -> td.Trainer:
+    """A trainer without node shares (its modes choose the seeds themselves)."""
+    g, rank, world_size, part_config, _book = td.connect_trainer(threads=1)
+    none = torch.empty(0, dtype=torch.int64)
+    return td.Trainer(g, rank, world_size, part_config, none, none, none)
 
 
 def init_hetero_trainer() -> td.Trainer:
@@ -392,7 +425,7 @@ def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str,
     g = tr.g
     feats = {t: g.nodes[t].data["feat"] for t in HETERO_NODES}
     labels = {"paper": g.nodes["paper"].data["label"]}
-    truth = torch.load(part_dir / "hetero" / "orig_nids.pt")
+    truth = torch.load(part_dir / "hetero-equal" / "orig.pt")
     share = tr.train_nids
     source = dgl.dataloading.DistNodeDataLoader(
         g, {"paper": share}, dgl.dataloading.NeighborSampler(FANOUTS), batch_size=BATCH_SIZE,
@@ -439,7 +472,48 @@ def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str,
             "dtypes": {t: str(x.dtype) for t, x in kept[0][2].items()}}
 
 
+def trainer_edge_labels(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """One shuffled epoch of edge classification: x against ``feat[input_nodes]`` and
+    y against ``label[pair_graph.edata[dgl.EID]]``, pulled afterwards, and the originals."""
+    import dgl
+
+    g = tr.g
+    feat, label = g.ndata["feat"], g.edata["label"]
+    truth = torch.load(part_dir / "edge-labels" / "orig.pt")
+    eids = torch.arange(tr.rank, g.num_edges(), 4)  # from both partitions
+    source = dgl.dataloading.DistEdgeDataLoader(
+        g, eids, dgl.dataloading.NeighborSampler(FANOUTS), batch_size=BATCH_SIZE,
+        shuffle=True, drop_last=False)
+    kept = []
+    with pingpong.PingPongLoader(source, feat, edge_labels=label, device="cpu",
+                                 timeout=120) as loader:
+        for batch in loader:
+            kept.append((type(batch).__name__, batch.input_nodes.clone(), batch.x.clone(),
+                         batch.pair_graph.edata[dgl.EID].clone(), batch.y.clone()))
+        stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
+        id_ranges = {table.name: None if table.local is None else table.local.id_range
+                     for table in loader._store.all_tables}
+    diff_sync = diff_truth = rows = local_rows = 0
+    for _name, input_nodes, x, edge_ids, y in kept:
+        ref_edges = edge_ids.roll(1) if BREAK == "wrong-pull" else edge_ids
+        diff_sync += not (same_bits(x, feat[input_nodes]) and same_bits(y, label[ref_edges]))
+        diff_truth += not (
+            same_bits(x, truth["tables"]["feat"][truth["orig_nids"][input_nodes]])
+            and same_bits(y, truth["tables"]["label"][truth["orig_eids"][edge_ids]]))
+        for table, ids in ((feat, input_nodes), (label, edge_ids)):
+            policy = table.part_policy
+            rows += len(ids)
+            local_rows += int((policy.to_partid(ids) == policy.part_id).sum())
+    return {"batch_types": sorted({k[0] for k in kept}), "batches": len(kept),
+            "len_loader": len(loader), "mismatch_vs_sync_pull": diff_sync,
+            "mismatch_vs_original": diff_truth, "rows": rows, "local_rows": local_rows,
+            "edges_are_share": bool(torch.equal(torch.cat([k[3] for k in kept]).sort().values,
+                                                eids)),
+            "stats": stats, "local_id_ranges": id_ranges}
+
+
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
+            "edge-labels": trainer_edge_labels,
             "hetero-equal": trainer_hetero_equal,
             "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
@@ -450,7 +524,8 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 
     global MODE
     MODE = mode
-    tr = init_hetero_trainer() if mode == "hetero-equal" else td.init_trainer(threads=1)
+    tr = (init_hetero_trainer() if mode == "hetero-equal" else
+          init_plain_trainer() if mode == "edge-labels" else td.init_trainer(threads=1))
     record = TRAINERS[mode](tr, out, part_dir)
     write_json(out / f"rank{tr.rank}.json", {"rank": tr.rank, "pid": os.getpid(), **record})
     td.leave_process_group(tr.rank)
@@ -459,7 +534,7 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 # --------------------------------------------------------------------------- launcher
 def launcher_main(mode: str, out: Path, part_dir: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    part_config = (partition_hetero(part_dir / "hetero") if mode == "hetero-equal" else
+    part_config = (partition_small(mode, part_dir / mode) if mode in SMALL_GRAPHS else
                    td.partition_synthetic(SPEC, part_dir, 2, log=lambda s: None))
     command = [sys.executable, str(Path(__file__).resolve()), mode, str(out), str(part_dir)]
     job: dict[str, Any] = {"mode": mode, "break": BREAK, "events": []}
@@ -467,7 +542,8 @@ def launcher_main(mode: str, out: Path, part_dir: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="pingpong-distdgl-") as tmp:
         cluster = td.LocalCluster(command, part_config, Path(tmp), num_parts=2, log_dir=out,
                                   trainer_log_dir=out,
-                                  num_samplers=1 if mode == "equal-samplers" else 0)
+                                  num_samplers=1 if mode == "equal-samplers" else 0,
+                                  graph_format="csc,coo" if mode.startswith("edge") else "csc")
         try:
             cluster.start()
             pids = cluster.pids()
