@@ -73,6 +73,7 @@ class Epoch:
         debug: bool = False,
         cache: FeatureCache | None = None,
         health: Callable[[], None] | None = None,
+        rpc_lock: threading.Lock | None = None,
     ) -> None:
         self.device = device
         self.health = health
@@ -111,6 +112,7 @@ class Epoch:
                 POLL_S,
                 cache,
                 health,
+                rpc_lock,
             ),
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,

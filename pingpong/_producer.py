@@ -11,15 +11,17 @@ timeout: every wait polls ``stop`` every ``poll_s`` seconds.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from . import _rpc
 from ._ids import TableIds, batch_ids
 from .cache import FeatureCache
 from .devices.base import Device, Event
@@ -86,8 +88,12 @@ def produce(
     poll_s: float,
     cache: FeatureCache | None = None,
     health: Callable[[], None] | None = None,
+    rpc_lock: threading.Lock | None = None,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
+
+    With ``rpc_lock`` (:mod:`pingpong._rpc`), starting the source's iterator and
+    each batch's source step and row-source fetches happen while holding it.
 
     With a hot-row ``cache`` (:mod:`pingpong.cache`), each fill first tells it
     the batch's feature ids (counted in the first epoch, looked up after).
@@ -111,26 +117,32 @@ def produce(
                 if stop.is_set():
                     return
                 device.producer_started()
-            iterator = iter(source)
+            with _holding(rpc_lock, stop, poll_s) as held:
+                if not held:
+                    return
+                iterator = iter(source)
             while not stop.is_set():
                 t0 = time.perf_counter()
                 if health is not None:
                     health()
-                try:
-                    item = next(iterator)
-                except StopIteration:
-                    break
-                t1 = time.perf_counter()
-                plan = reader.read(item, seq)
-                x_ids, y_ids = batch_ids(
-                    store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
-                    plan.label_ids_name,
-                )
-                graphs = place_graphs(plan.graphs, device.torch_device)
-                t2 = time.perf_counter()
-                fetched = _fetch_remote(store, x_ids, y_ids, device.supports_local_rows,
-                                        health)
-                t_fetched = time.perf_counter()
+                with _holding(rpc_lock, stop, poll_s) as held:
+                    if not held or stop.is_set():  # no source step for an ended epoch
+                        return
+                    try:
+                        item = next(iterator)
+                    except StopIteration:
+                        break
+                    t1 = time.perf_counter()
+                    plan = reader.read(item, seq)
+                    x_ids, y_ids = batch_ids(
+                        store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
+                        plan.label_ids_name,
+                    )
+                    graphs = place_graphs(plan.graphs, device.torch_device)
+                    t2 = time.perf_counter()
+                    fetched = _fetch_remote(store, x_ids, y_ids, device.supports_local_rows,
+                                            health)
+                    t_fetched = time.perf_counter()
                 slot = _take_free_slot(free_q, stop, poll_s)
                 if slot is None:
                     return
@@ -146,7 +158,7 @@ def produce(
                 stats.add(
                     **cache_counts,
                     producer_cpu_s=cpu_now - cpu_mark,
-                    sample_s=t1 - t0,
+                    sample_s=t1 - t0,  # with any wait for the RPC lock
                     validate_s=t2 - t1,
                     fetch_s=t_fetched - t2,
                     gather_s=t4 - t3,
@@ -168,6 +180,23 @@ def produce(
                 f"while preparing batch {seq}; re-raised in the training loop)"
             )
         ready_q.put(Failure(exc))
+
+
+@contextlib.contextmanager
+def _holding(lock: threading.Lock | None, stop: threading.Event,
+             poll_s: float) -> Iterator[bool]:
+    """Hold ``lock`` (if any) for the block; yields False, holding nothing, when
+    ``stop`` was set while waiting for it."""
+    if lock is None:
+        yield True
+        return
+    if not _rpc.acquire(lock, stop, poll_s):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
 
 
 def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from . import _rpc
 from ._epoch import Epoch, EpochIterator
 from ._lifecycle import LoaderCore
 from .cache import make_feature_cache
@@ -206,6 +207,8 @@ class PingPongLoader(Iterable[Any]):
             debug=self._debug,
             cache=self._cache,
             health=health,
+            # DGL's RPC client is one per process and not thread-safe: producers take turns
+            rpc_lock=_rpc.RPC_LOCK if self._server_watch is not None else None,
         )
         cache, device = self._cache, self._device
 

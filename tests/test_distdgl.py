@@ -9,8 +9,8 @@ gone (pid and process group) and no shared memory of it left in /dev/shm.
 
 Skipped without DGL, or where DistDGL cannot run at all (not Linux, no
 writable /dev/shm, no 127.0.0.1); any other failure fails.
-``PINGPONG_DISTDGL_BREAK=wrong-pull|in-range|no-timeout|no-watch|no-signal|leak`` breaks the
-job on purpose (see the script), to see these tests fail.
+``PINGPONG_DISTDGL_BREAK=wrong-pull|in-range|no-rpc-lock|no-timeout|no-watch|no-signal|leak``
+breaks the job on purpose (see the script), to see these tests fail.
 """
 
 from __future__ import annotations
@@ -249,6 +249,23 @@ def test_edge_labels_over_distedgedataloader_equal_synchronous_pulls(
         assert all(r is not None and r[0] == 0 < r[1] for r in ranges.values()), ranges
         assert report["stats"]["rows_read_in_place"] == report["local_rows"] > 0
         assert report["stats"]["rows_fetched"] == report["rows"] - report["local_rows"] > 0
+
+
+def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
+        part_dir: Path, tmp_path: Path) -> None:
+    """Eight times: two batches of a training loader, ``break``, then a whole epoch of a
+    validation loader at once; then both loaders in one ``zip``. The producers take
+    turns in DGL's RPC client (one per process, not thread-safe): no error, every batch
+    right. Without the lock (``no-rpc-lock``) DGL mixes up the replies (``KeyError``)."""
+    job, ranks = run_job("early-exit", tmp_path, part_dir)
+    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    for report in ranks:
+        assert report["errors"] == []
+        val = report["val_batches"]
+        assert val > 1
+        assert report["checked"] == 8 * (2 + val) + 2 * val
+        assert report["wrong"] == 0
 
 
 def test_out_of_range_id_is_refused_before_any_pull(part_dir: Path, tmp_path: Path) -> None:

@@ -39,6 +39,10 @@ Modes (what a trainer does):
     ``DistEdgeDataLoader`` (no negatives) with ``edge_labels=``: every batch's
     ``y`` equals the labels pulled afterwards at ``pair_graph.edata[dgl.EID]``
     and the original table; the edge partition's labels are read in place.
+``early-exit``
+    Eight times: two batches of a training loader, ``break``, then at once a
+    whole epoch of a validation loader; then both loaders in one ``zip``. Every
+    batch checked against the original tables; errors recorded.
 ``bad-id``
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
@@ -63,7 +67,8 @@ Modes (what a trainer does):
 
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
 ``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
-``in-range`` (bad-id: inject ``N - 1``), ``no-timeout`` (server-stop:
+``in-range`` (bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit: the
+producers do not take turns in DGL's RPC client), ``no-timeout`` (server-stop:
 ``timeout=None``), ``no-watch`` (server-*: the loader builds no server
 watch, as before pingpong had one), ``no-signal`` (server-*: leave the server alone, so the
 trainers run on to the deadline), ``leak`` (any mode: leave a process
@@ -512,7 +517,50 @@ def trainer_edge_labels(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
             "stats": stats, "local_id_ranges": id_ranges}
 
 
+def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """Leave a training loader's epoch after two batches, then at once run a whole epoch
+    of a second loader (validation), eight times; then both loaders in one ``zip``.
+    Every batch checked against the original tables (no DGL call on this thread)."""
+    if BREAK == "no-rpc-lock":  # the producers no longer take turns in DGL's RPC client
+        from pingpong import _rpc
+
+        _rpc.RPC_LOCK = None
+    feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
+    orig_nid = torch.load(part_dir / "orig_nid.pt")
+    sg = make_synthetic_graph(num_nodes=SPEC.num_nodes, num_classes=SPEC.num_classes,
+                              feat_dim=SPEC.feat_dim, avg_degree=SPEC.avg_degree,
+                              seed=SPEC.seed)
+    train = td.make_source(tr.g, tr.train_nids, FANOUTS, 16, shuffle=True)
+    val = td.make_source(tr.g, tr.val_nids[:256], FANOUTS, 64, shuffle=False)
+    checked = wrong = 0
+    errors: list[str] = []
+
+    def check(batch: Any) -> None:
+        nonlocal checked, wrong
+        wrong += not same_bits(batch.x, sg.features[orig_nid[batch.input_nodes]])
+        checked += 1
+
+    with pingpong.PingPongLoader(train, feat, label, device="cpu", timeout=60) as train_loader, \
+            pingpong.PingPongLoader(val, feat, label, device="cpu", timeout=60) as val_loader:
+        try:
+            for _ in range(8):
+                for i, batch in enumerate(train_loader):
+                    check(batch)
+                    if i == 1:
+                        break
+                for batch in val_loader:
+                    check(batch)
+            for train_batch, val_batch in zip(train_loader, val_loader, strict=False):
+                check(train_batch)
+                check(val_batch)
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        val_batches = len(val_loader)
+    return {"checked": checked, "wrong": wrong, "errors": errors, "val_batches": val_batches}
+
+
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
+            "early-exit": trainer_early_exit,
             "edge-labels": trainer_edge_labels,
             "hetero-equal": trainer_hetero_equal,
             "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,

@@ -1,0 +1,27 @@
+"""A process-wide lock for producers whose sources share a client that is not thread-safe.
+
+DGL's distributed RPC client (``dgl.distributed``) is one per process and not
+thread-safe: two threads inside it at once receive each other's replies
+(``KeyError`` in ``dgl.distributed.rpc.recv_responses``). In a DistDGL client
+process (a loader with a server watch, :mod:`pingpong.serverwatch`) every
+loader hands :data:`RPC_LOCK` to its producers, which hold it while they step
+the source (distributed sampling) and fetch rows from row sources (pulls). So
+the producers of several loaders take turns: an epoch left early whose producer
+is still inside a DGL call and the next loader's, or two loaders in one
+``zip``. The training thread's own DGL calls do not take it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+#: The lock of DGL's RPC client (see the module docstring); None turns it off.
+RPC_LOCK: threading.Lock | None = threading.Lock()
+
+
+def acquire(lock: threading.Lock, stop: threading.Event, poll_s: float) -> bool:
+    """Take ``lock``, checking ``stop`` every ``poll_s`` s; False (not taken) once it is set."""
+    while not lock.acquire(timeout=poll_s):
+        if stop.is_set():
+            return False
+    return True
