@@ -118,7 +118,7 @@ def produce(
                     return
                 device.producer_started()
             with _holding(rpc_lock, stop, poll_s) as held:
-                if not held:
+                if not held or stop.is_set():
                     return
                 iterator = iter(source)
             while not stop.is_set():

@@ -208,7 +208,7 @@ class PingPongLoader(Iterable[Any]):
             cache=self._cache,
             health=health,
             # DGL's RPC client is one per process and not thread-safe: producers take turns
-            rpc_lock=_rpc.RPC_LOCK if self._server_watch is not None else None,
+            rpc_lock=_rpc.lock_for_process(),
         )
         cache, device = self._cache, self._device
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from pingpong import _rpc
 from pingpong._producer import _holding
 
@@ -60,3 +62,33 @@ def test_a_waiting_producer_gets_the_lock_when_the_other_releases_it():
     waiter.join(2)
     assert order == ["first done", "second True"]
     assert not lock.locked()
+
+
+def test_a_process_without_a_dgl_rpc_client_takes_no_turns():
+    """``import dgl`` imports ``dgl.distributed`` too; without ``initialize`` there is
+    no RPC client, so loaders get no lock (they keep their full overlap)."""
+    pytest.importorskip("dgl")
+    import sys
+
+    assert "dgl.distributed" in sys.modules
+    assert _rpc.lock_for_process() is None
+
+
+def test_a_dgl_rpc_client_means_turns_and_none_turns_them_off(monkeypatch):
+    """With a client (its servers readable, or not readable at all) loaders share
+    :data:`~pingpong._rpc.RPC_LOCK`; ``RPC_LOCK = None`` turns it off."""
+    import sys
+
+    import pingpong.serverwatch as serverwatch
+
+    monkeypatch.setitem(sys.modules, "dgl.distributed", sys.modules.get("dgl.distributed", _rpc))
+    monkeypatch.setattr(serverwatch, "dgl_servers", lambda: [])
+    assert _rpc.lock_for_process() is _rpc.RPC_LOCK is not None
+
+    def unreadable() -> None:
+        raise AttributeError("a DGL laid out differently")
+
+    monkeypatch.setattr(serverwatch, "dgl_servers", unreadable)
+    assert _rpc.lock_for_process() is _rpc.RPC_LOCK
+    monkeypatch.setattr(_rpc, "RPC_LOCK", None)
+    assert _rpc.lock_for_process() is None

@@ -537,7 +537,8 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
 
     def check(batch: Any) -> None:
         nonlocal checked, wrong
-        wrong += not same_bits(batch.x, sg.features[orig_nid[batch.input_nodes]])
+        wrong += not (same_bits(batch.x, sg.features[orig_nid[batch.input_nodes]])
+                      and same_bits(batch.y, sg.labels[orig_nid[batch.output_nodes]]))
         checked += 1
 
     with pingpong.PingPongLoader(train, feat, label, device="cpu", timeout=60) as train_loader, \
@@ -550,13 +551,17 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
                         break
                 for batch in val_loader:
                     check(batch)
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            errors.append(f"break, then another loader: {type(exc).__name__}: {exc}"[:300])
+        try:
             for train_batch, val_batch in zip(train_loader, val_loader, strict=False):
                 check(train_batch)
                 check(val_batch)
         except Exception as exc:  # noqa: BLE001 - recorded for the test
-            errors.append(f"{type(exc).__name__}: {exc}"[:300])
-        val_batches = len(val_loader)
-    return {"checked": checked, "wrong": wrong, "errors": errors, "val_batches": val_batches}
+            errors.append(f"zip: {type(exc).__name__}: {exc}"[:300])
+        val_batches, train_batches = len(val_loader), len(train_loader)
+    return {"checked": checked, "wrong": wrong, "errors": errors, "val_batches": val_batches,
+            "train_batches": train_batches}
 
 
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
