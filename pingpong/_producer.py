@@ -11,11 +11,10 @@ timeout: every wait polls ``stop`` every ``poll_s`` seconds.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +116,7 @@ def produce(
                 if stop.is_set():
                     return
                 device.producer_started()
-            with _holding(rpc_lock, stop, poll_s) as held:
+            with _rpc.holding(rpc_lock, stop, poll_s) as held:
                 if not held or stop.is_set():
                     return
                 iterator = iter(source)
@@ -125,7 +124,7 @@ def produce(
                 t0 = time.perf_counter()
                 if health is not None:
                     health()
-                with _holding(rpc_lock, stop, poll_s) as held:
+                with _rpc.holding(rpc_lock, stop, poll_s) as held:
                     if not held or stop.is_set():  # no source step for an ended epoch
                         return
                     try:
@@ -180,23 +179,6 @@ def produce(
                 f"while preparing batch {seq}; re-raised in the training loop)"
             )
         ready_q.put(Failure(exc))
-
-
-@contextlib.contextmanager
-def _holding(lock: threading.Lock | None, stop: threading.Event,
-             poll_s: float) -> Iterator[bool]:
-    """Hold ``lock`` (if any) for the block; yields False, holding nothing, when
-    ``stop`` was set while waiting for it."""
-    if lock is None:
-        yield True
-        return
-    if not _rpc.acquire(lock, stop, poll_s):
-        yield False
-        return
-    try:
-        yield True
-    finally:
-        lock.release()
 
 
 def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:

@@ -14,11 +14,30 @@ is still inside a DGL call and the next loader's, or two loaders in one
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 
 #: The lock of DGL's RPC client (see the module docstring); None turns it off.
 RPC_LOCK: threading.Lock | None = threading.Lock()
+
+
+@contextlib.contextmanager
+def holding(lock: threading.Lock | None, stop: threading.Event,
+            poll_s: float) -> Iterator[bool]:
+    """Hold ``lock`` (if any) for the block; yields False, holding nothing, when
+    ``stop`` was set while waiting for it."""
+    if lock is None:
+        yield True
+        return
+    if not acquire(lock, stop, poll_s):
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
 
 
 def acquire(lock: threading.Lock, stop: threading.Event, poll_s: float) -> bool:

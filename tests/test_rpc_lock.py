@@ -13,19 +13,19 @@ import time
 import pytest
 
 from pingpong import _rpc
-from pingpong._producer import _holding
+from pingpong._rpc import holding
 
 
 def test_a_free_lock_is_taken_and_released():
     lock, stop = threading.Lock(), threading.Event()
-    with _holding(lock, stop, 0.01) as held:
+    with holding(lock, stop, 0.01) as held:
         assert held
         assert lock.locked()
     assert not lock.locked()
 
 
 def test_no_lock_means_no_wait():
-    with _holding(None, threading.Event(), 0.01) as held:
+    with holding(None, threading.Event(), 0.01) as held:
         assert held
 
 
@@ -51,7 +51,7 @@ def test_a_waiting_producer_gets_the_lock_when_the_other_releases_it():
     order: list[str] = []
 
     def second() -> None:
-        with _holding(lock, stop, 0.01) as held:
+        with holding(lock, stop, 0.01) as held:
             order.append(f"second {held}")
 
     waiter = threading.Thread(target=second)

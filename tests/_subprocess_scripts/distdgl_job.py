@@ -124,6 +124,19 @@ def write_json(path: Path, payload: Any) -> None:
     tmp.replace(path)
 
 
+def local_count(table: Any, ids: torch.Tensor) -> int:
+    """How many of ``ids`` the ``DistTensor`` ``table`` holds in this machine's partition,
+    by its policy, id by id (what pingpong's ``rows_read_in_place`` must count)."""
+    policy = table.part_policy
+    return int((policy.to_partid(ids) == policy.part_id).sum())
+
+
+def local_id_ranges(loader: pingpong.PingPongLoader) -> dict[str, Any]:
+    """Each table's local id range as pingpong found it (None: none, or no local part)."""
+    return {table.name: None if table.local is None else table.local.id_range
+            for table in loader._store.all_tables}
+
+
 # --------------------------------------------------------------------------- trainers
 def ddp_model(in_feats: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
@@ -171,9 +184,8 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
                 digest.update(bits(x).numpy().tobytes())
             order = torch.cat([k[1] for k in kept])
             seeds = order.sort().values
-            policy = feat.part_policy  # label's is the same node policy
-            local_rows = sum(int((policy.to_partid(ids) == policy.part_id).sum())
-                             for k in kept for ids in k[:2])
+            # label's policy is the same node policy
+            local_rows = sum(local_count(feat, ids) for k in kept for ids in k[:2])
             epochs.append({
                 "order_sha256": hashlib.sha256(order.numpy().tobytes()).hexdigest(),
                 "batches": len(kept), "len_loader": len(loader),
@@ -450,9 +462,8 @@ def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str,
             for input_nodes, seeds, x, y in kept:
                 types_seen |= {t for t, ids in input_nodes.items() if len(ids)}
                 for t, ids in [*input_nodes.items(), ("paper", seeds)]:
-                    policy = feats[t].part_policy  # the labels' is the papers' node policy
-                    rows += len(ids)
-                    local_rows += int((policy.to_partid(ids) == policy.part_id).sum())
+                    rows += len(ids)  # the labels' policy is the papers' node policy
+                    local_rows += local_count(feats[t], ids)
                 for t, ids in input_nodes.items():
                     ref = ids.roll(1) if BREAK == "wrong-pull" else ids
                     original = truth["tables"][(t, "feat")][truth["orig_nids"][t][ids]]
@@ -471,8 +482,7 @@ def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str,
                                                           share.sort().values)),
             })
         stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
-        id_ranges = {table.name: None if table.local is None else table.local.id_range
-                     for table in loader._store.all_tables}
+        id_ranges = local_id_ranges(loader)
     return {"epochs": epochs, "stats": stats, "local_id_ranges": id_ranges,
             "dtypes": {t: str(x.dtype) for t, x in kept[0][2].items()}}
 
@@ -496,8 +506,7 @@ def trainer_edge_labels(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
             kept.append((type(batch).__name__, batch.input_nodes.clone(), batch.x.clone(),
                          batch.pair_graph.edata[dgl.EID].clone(), batch.y.clone()))
         stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
-        id_ranges = {table.name: None if table.local is None else table.local.id_range
-                     for table in loader._store.all_tables}
+        id_ranges = local_id_ranges(loader)
     diff_sync = diff_truth = rows = local_rows = 0
     for _name, input_nodes, x, edge_ids, y in kept:
         ref_edges = edge_ids.roll(1) if BREAK == "wrong-pull" else edge_ids
@@ -506,9 +515,8 @@ def trainer_edge_labels(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
             same_bits(x, truth["tables"]["feat"][truth["orig_nids"][input_nodes]])
             and same_bits(y, truth["tables"]["label"][truth["orig_eids"][edge_ids]]))
         for table, ids in ((feat, input_nodes), (label, edge_ids)):
-            policy = table.part_policy
             rows += len(ids)
-            local_rows += int((policy.to_partid(ids) == policy.part_id).sum())
+            local_rows += local_count(table, ids)
     return {"batch_types": sorted({k[0] for k in kept}), "batches": len(kept),
             "len_loader": len(loader), "mismatch_vs_sync_pull": diff_sync,
             "mismatch_vs_original": diff_truth, "rows": rows, "local_rows": local_rows,
