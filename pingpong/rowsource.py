@@ -32,8 +32,10 @@ rows live in this process's memory, the way a ``DistTensor`` does:
 - ``part_policy`` -- with ``part_id`` (this machine's partition),
   ``to_partid(ids)`` (the partition of each id) and ``to_local(ids)`` (the
   row of ``local_partition`` that holds each id of partition ``part_id``), all
-  taking and returning 1-D integer tensors; and, if it has
-  ``get_part_size()``, that must equal ``len(local_partition)``.
+  taking and returning 1-D integer tensors.  The partition's size must equal
+  ``len(local_partition)``: the number of ids its partition book lists (see
+  below), or, for a policy without one, ``get_part_size()`` if it has that.
+  The book is asked once per table and loader.
 
 For such a source a batch's ids are split: the rows of this machine's
 partition are gathered by the positioned CPU kernel straight from
@@ -281,11 +283,15 @@ def find_local_part(table: RemoteTable) -> LocalPart | None:
         return None
     try:
         rows, policy = source.local_partition, source.part_policy
-        problem = _local_part_problem(table, rows, policy)
+        problem, book_ids = _local_part_problem(table, rows, policy), None
+        if problem is None:  # then ask the book, once: DGL builds an arange of the ids
+            book_ids = partition_book_ids(policy)
+            problem = _size_problem(policy, rows.shape[0], book_ids)
         if problem is None:
+            id_range = (None if book_ids is None
+                        else local_id_range(policy, rows.shape[0], table.num_rows, book_ids))
             return LocalPart(make_host_table(rows, f"{table.name}.local_partition"),
-                             int(policy.part_id), policy,
-                             local_id_range(policy, rows.shape[0], table.num_rows))
+                             int(policy.part_id), policy, id_range)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the rows are fetched instead
         problem = f"reading it raised {exc!r}"
     logger.info("pingpong: %s: rows of the local partition are fetched like the "
@@ -308,22 +314,54 @@ def _local_part_problem(table: RemoteTable, rows: Any, policy: Any) -> str | Non
         return "local_partition is not contiguous"
     if not all(callable(getattr(policy, f, None)) for f in ("to_partid", "to_local")):
         return "part_policy has no to_partid/to_local"
-    size = getattr(policy, "get_part_size", None)
-    if callable(size) and int(size()) != rows.shape[0]:
-        return (f"part_policy.get_part_size() is {int(size())}, local_partition has "
-                f"{rows.shape[0]} rows")
     return None
 
 
-def local_id_range(policy: Any, num_local: int, num_ids: int) -> tuple[int, int] | None:
-    """``(a, b)`` if the local ids of ``policy`` are exactly ``a..b-1``, row ``id - a``
-    holding ``id`` -- the policy's partition book says so, and the policy agrees at
-    the range's edges (see the module docstring) -- else None (also when asking raised).
+def _size_problem(policy: Any, num_rows: int, book_ids: torch.Tensor | None) -> str | None:
+    """Why a local partition of ``num_rows`` rows does not match ``policy``, or None.
+
+    The partition's size is the number of ids its partition book lists
+    (``book_ids``), or, without a book, ``get_part_size()`` if the policy has one --
+    DGL's ``get_part_size`` asks the book, so it is not asked twice.
     """
+    if book_ids is not None:
+        if len(book_ids) != num_rows:
+            return (f"part_policy.partition_book lists {len(book_ids)} ids for partition "
+                    f"{policy.part_id}, local_partition has {num_rows} rows")
+        return None
+    size = getattr(policy, "get_part_size", None)
+    if callable(size) and int(size()) != num_rows:
+        return (f"part_policy.get_part_size() is {int(size())}, local_partition has "
+                f"{num_rows} rows")
+    return None
+
+
+def partition_book_ids(policy: Any) -> torch.Tensor | None:
+    """The ids ``policy.partition_book`` lists for the policy's partition
+    (``partid2nids``, or ``partid2eids`` when ``is_node`` is False), as a 1-D tensor;
+    None when the policy has no such book or asking raised (logged at debug level)."""
     try:
         book = policy.partition_book
         ids_of = book.partid2nids if policy.is_node else book.partid2eids
-        ids = torch.as_tensor(ids_of(policy.part_id, policy.type_name)).reshape(-1)
+        return torch.as_tensor(ids_of(policy.part_id, policy.type_name)).reshape(-1)
+    except Exception as exc:  # noqa: BLE001 - then there is no range, nor a size from it
+        logger.debug("pingpong: part_policy's partition book gives no ids (%r)", exc)
+        return None
+
+
+def local_id_range(policy: Any, num_local: int, num_ids: int,
+                   book_ids: torch.Tensor | None = None) -> tuple[int, int] | None:
+    """``(a, b)`` if the local ids of ``policy`` are exactly ``a..b-1``, row ``id - a``
+    holding ``id`` -- the policy's partition book says so, and the policy agrees at
+    the range's edges (see the module docstring) -- else None (also when asking raised).
+
+    ``book_ids``: what :func:`partition_book_ids` returned, if the caller has it
+    (the book is asked otherwise).
+    """
+    ids = partition_book_ids(policy) if book_ids is None else book_ids
+    if ids is None:
+        return None
+    try:
         if len(ids) != num_local or num_local == 0:
             return None
         start, stop = int(ids[0]), int(ids[-1]) + 1

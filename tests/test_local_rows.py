@@ -196,6 +196,11 @@ class Broken:
         source.local_partition = source.local_partition[:-1].clone()
 
     @staticmethod
+    def book_size_differs(source: PartitionedRows) -> None:
+        source.part_policy = BookedPolicy(BOUNDS, 1)
+        source.part_policy.partition_book.bounds = (0, 150, 259, N)
+
+    @staticmethod
     def no_to_local(source: PartitionedRows) -> None:
         source.part_policy.to_local = None  # type: ignore[assignment]
 
@@ -218,6 +223,8 @@ class Broken:
                          "torch.float32"),
     (Broken.not_contiguous, "local_partition is not contiguous"),
     (Broken.size_differs, "get_part_size() is 110, local_partition has 109 rows"),
+    (Broken.book_size_differs, "part_policy.partition_book lists 109 ids for partition 1, "
+                               "local_partition has 110 rows"),
     (Broken.no_to_local, "part_policy has no to_partid/to_local"),
     (Broken.raises, "reading it raised KeyError('feat')"),
 ])
@@ -359,6 +366,9 @@ class BookedPolicy(RangePolicy):
         self.calls += 1
         return super().to_local(ids)
 
+    def get_part_size(self) -> int:  # as DGL's: it asks the book
+        return len(self.partition_book.partid2nids(self.part_id, self.type_name))
+
 
 def booked_rows(table: torch.Tensor, part_id: int = 1) -> PartitionedRows:
     source = PartitionedRows(table, part_id)
@@ -375,6 +385,9 @@ def test_a_range_partition_is_split_without_calling_the_policy_per_batch(device_
                         **loader_device(device_kind, seed=5)) as loader:
         tables = loader._store.all_tables
         assert [t.local.id_range for t in tables] == [(150, 260)] * 2
+        # The book (DGL: an arange of the partition's ids) was asked once per table.
+        assert [s.part_policy.partition_book.asked for s in (x_source, y_source)] == [
+            [(1, "_N")]] * 2
         calls_at_construction = [s.part_policy.calls for s in (x_source, y_source)]
         check_two_epochs(loader, features, labels, triples, x_source, y_source)
     assert [s.part_policy.calls for s in (x_source, y_source)] == calls_at_construction
