@@ -46,11 +46,11 @@ One machine, several partitions -- what DGL 1.1 does not do by itself:
   training nodes from their own partition's book. On a cluster (one partition
   per machine, started by launch.py) none of this applies.
 
-Do not call DGL's RPC (``DistTensor`` pulls, ``g.barrier()``, distributed
-sampling) from the training thread while a pingpong epoch is running: DGL's
-RPC client is not thread-safe, and the producer thread is using it (two
-threads at once mixed up their replies here: ``KeyError`` in
-``dgl.distributed.rpc.recv_responses``). Between epochs it is free.
+Call DGL's RPC (``DistTensor`` pulls, ``g.barrier()``, distributed sampling)
+from the training thread while a pingpong epoch is running only inside
+``with pingpong.rpc_turn():``: DGL's RPC client is not thread-safe, and the
+producer thread is using it (two threads at once mixed up their replies here:
+``KeyError`` in ``dgl.distributed.rpc.recv_responses``). Between epochs it is free.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ features and labels already on the training device.
 
 from __future__ import annotations
 
+from ._rpc import rpc_turn
 from .batch import Batch, CustomBatch, EdgeBatch, NegativeEdgeBatch, SubgraphBatch
 from .blocks import EdgeBlock, as_edge_block
 from .errors import (
@@ -22,6 +23,7 @@ from .errors import (
     LoaderClosedError,
     PingPongError,
     ProducerDiedError,
+    RpcTurnError,
     ServerGoneError,
     SlotOverwriteError,
     TableError,
@@ -49,10 +51,12 @@ __all__ = [
     "PingPongError",
     "PingPongLoader",
     "ProducerDiedError",
+    "RpcTurnError",
     "ServerGoneError",
     "SlotOverwriteError",
     "SubgraphBatch",
     "TableError",
     "__version__",
     "as_edge_block",
+    "rpc_turn",
 ]

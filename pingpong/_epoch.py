@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import _rpc
 from ._lifecycle import (
     POLL_S,
     SHORT_JOIN_TIMEOUT_S,
@@ -77,6 +78,7 @@ class Epoch:
     ) -> None:
         self.device = device
         self.health = health
+        self.takes_rpc_turns = rpc_lock is not None
         self.debug = debug
         self.stats = stats
         self.timeout = timeout
@@ -125,6 +127,8 @@ class Epoch:
     def next_batch(self) -> Any:
         """Hand back the held slot, wait for the next delivery, return it as a Batch."""
         self._raise_if_ended()
+        if self.takes_rpc_turns:
+            _rpc.refuse_inside_turn()
         try:
             if self.debug:
                 self._check_held("while the training loop held it")

@@ -9,7 +9,8 @@ not in standalone mode; :func:`lock_for_process`) every loader hands
 the source (distributed sampling) and fetch rows from row sources (pulls). So
 the producers of several loaders take turns: an epoch left early whose producer
 is still inside a DGL call and the next loader's, or two loaders in one
-``zip``. The training thread's own DGL calls do not take it.
+``zip``. The training thread's own DGL calls take their turn through
+:func:`rpc_turn` (public as ``pingpong.rpc_turn``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,63 @@ import sys
 import threading
 from collections.abc import Iterator
 
+from .errors import RpcTurnError
+
 #: The lock of DGL's RPC client (see the module docstring); None turns it off.
 RPC_LOCK: threading.Lock | None = threading.Lock()
+
+#: The thread inside :func:`rpc_turn`, if any (its ident).
+_turn_holder: int | None = None
+
+
+@contextlib.contextmanager
+def rpc_turn() -> Iterator[None]:
+    """Take a turn in DGL's RPC client for the block, between pingpong's producers.
+
+    DGL's RPC client (one per process) is not thread-safe, and while a loader's
+    epoch runs its producer thread is in it, sampling and pulling rows. Wrap your own
+    DGL calls on another thread -- ``DistTensor`` pulls, sampling on the
+    ``DistGraph``, ``g.barrier()`` -- in this to make them mid-epoch::
+
+        for batch in loader:
+            with pingpong.rpc_turn():
+                extra = g.ndata["extra"][batch.output_nodes]
+            ...
+
+    The block waits until the producer that holds the client finishes its current
+    step (one source step and its pulls), and producers wait for the block.
+    Inside it, do not ask a DistDGL loader for a batch (``next()`` raises
+    :class:`~pingpong.RpcTurnError`: its producer could never take its turn) and
+    do not wait for anything that waits for a producer. Not re-entrant
+    (:class:`~pingpong.RpcTurnError`). Costs a lock in a process without a DGL
+    RPC client; does nothing if ``pingpong._rpc.RPC_LOCK`` was set to None.
+    """
+    global _turn_holder
+    lock = RPC_LOCK
+    if lock is None:
+        yield
+        return
+    me = threading.get_ident()
+    if _turn_holder == me:
+        raise RpcTurnError("pingpong.rpc_turn() is not re-entrant: this thread already "
+                           "holds the turn")
+    lock.acquire()
+    _turn_holder = me
+    try:
+        yield
+    finally:
+        _turn_holder = None
+        lock.release()
+
+
+def refuse_inside_turn() -> None:
+    """Raise :class:`~pingpong.RpcTurnError` if this thread is inside :func:`rpc_turn`
+    (called by ``next()`` of a loader whose producers take turns)."""
+    if _turn_holder == threading.get_ident():
+        raise RpcTurnError(
+            "next() on a DistDGL loader inside pingpong.rpc_turn(): its producer needs "
+            "a turn in DGL's RPC client to prepare the batch and would wait for ever; "
+            "ask for the batch outside the `with pingpong.rpc_turn():` block")
 
 
 @contextlib.contextmanager

@@ -39,6 +39,10 @@ exception                          raised when
 :class:`EpochSupersededError`      ``next()`` on an iterator whose epoch was
                                    ended by a newer ``iter(loader)`` (a nested
                                    loop over one loader) (``RuntimeError``)
+:class:`RpcTurnError`              ``next()`` on a DistDGL loader by a thread
+                                   inside :func:`pingpong.rpc_turn` (its
+                                   producer could never take its turn), or
+                                   the turn taken twice (``RuntimeError``)
 :class:`BatchExpiredError`         ``batch.record_stream()`` after the batch's
                                    slot was handed back (``RuntimeError``)
 :class:`SlotOverwriteError`        ``debug=True`` only: a slot was refilled while
@@ -110,6 +114,12 @@ class EpochSupersededError(PingPongError, RuntimeError):
     the same loader, ``zip(loader, loader)``) ends the first, and the first
     iterator then raises this instead of stopping silently.
     """
+
+
+class RpcTurnError(PingPongError, RuntimeError):
+    """``next()`` on a loader whose producer takes turns in DGL's RPC client, from the
+    thread that holds :func:`pingpong.rpc_turn`: the producer could never take its
+    turn, so the wait would never end. Raised before waiting; the epoch goes on."""
 
 
 class BatchExpiredError(PingPongError, RuntimeError):

@@ -254,9 +254,12 @@ def test_edge_labels_over_distedgedataloader_equal_synchronous_pulls(
 def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
         part_dir: Path, tmp_path: Path) -> None:
     """Eight times: two batches of a training loader, ``break``, then a whole epoch of a
-    validation loader at once; then both loaders in one ``zip``. The producers take
-    turns in DGL's RPC client (one per process, not thread-safe): no error, every batch
-    right. Without the lock (``no-rpc-lock``) DGL mixes up the replies (``KeyError``)."""
+    validation loader at once; then both loaders in one ``zip``; then an epoch whose
+    training thread pulls rows itself, in ``pingpong.rpc_turn()``. The producers and
+    the training thread take turns in DGL's RPC client (one per process, not
+    thread-safe): no error, every batch and pull right. Without the lock
+    (``no-rpc-lock``), or with the training thread's pulls outside the turn
+    (``no-turn``), DGL mixes up the replies (``KeyError``)."""
     job, ranks = run_job("early-exit", tmp_path, part_dir)
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
     assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
@@ -264,7 +267,8 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
         assert report["errors"] == [], job_logs(tmp_path)
         val = report["val_batches"]
         assert report["train_batches"] > val > 1  # the zip ends with the validation loader
-        assert report["checked"] == 8 * (2 + val) + 2 * val
+        assert report["own_pulls"] == report["train_batches"]
+        assert report["checked"] == 8 * (2 + val) + 2 * val + report["train_batches"]
         assert report["wrong"] == 0
 
 

@@ -25,12 +25,14 @@ EXPECTED = {
     "PingPongError",
     "PingPongLoader",
     "ProducerDiedError",
+    "RpcTurnError",
     "ServerGoneError",
     "SlotOverwriteError",
     "SubgraphBatch",
     "TableError",
     "__version__",
     "as_edge_block",
+    "rpc_turn",
 }
 
 

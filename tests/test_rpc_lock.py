@@ -2,16 +2,22 @@
 
 The DistDGL test ``test_an_epoch_left_early_then_another_loader_and_a_zip_of_two``
 runs it with real servers (and fails without the lock); here the waiting itself:
-a producer waiting for the lock leaves as soon as its epoch is stopped.
+a producer waiting for the lock leaves as soon as its epoch is stopped; and the
+training thread's own turn, ``pingpong.rpc_turn()``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import torch
+from test_reliability import N, make_table, seq_triples
 
+import pingpong
 from pingpong import _rpc
 from pingpong._rpc import holding
 
@@ -92,3 +98,84 @@ def test_a_dgl_rpc_client_means_turns_and_none_turns_them_off(monkeypatch):
     assert _rpc.lock_for_process() is _rpc.RPC_LOCK
     monkeypatch.setattr(_rpc, "RPC_LOCK", None)
     assert _rpc.lock_for_process() is None
+
+
+# --------------------------------------------------------------------------- rpc_turn
+class TurnWatch:
+    """A source whose steps (the producer, inside DGL's client) and the training thread's
+    ``rpc_turn`` blocks note each other: any overlap is recorded."""
+
+    def __init__(self, triples: list[Any], step_s: float) -> None:
+        self.triples = triples
+        self.step_s = step_s
+        self.in_step = self.in_turn = False
+        self.overlaps: list[str] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.triples:
+            self.in_step = True
+            if self.in_turn:
+                self.overlaps.append("a source step began inside the training thread's turn")
+            time.sleep(self.step_s)
+            self.in_step = False
+            yield item
+
+    def user_call(self, hold_s: float) -> None:
+        """The training thread's own 'DGL call'."""
+        self.in_turn = True
+        if self.in_step:
+            self.overlaps.append("the training thread's turn began inside a source step")
+        time.sleep(hold_s)
+        self.in_turn = False
+
+
+@pytest.fixture
+def takes_turns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaders made now take turns, as they do in a process with a DGL RPC client."""
+    monkeypatch.setattr(_rpc, "lock_for_process", lambda: _rpc.RPC_LOCK)
+
+
+def test_the_training_threads_turn_and_the_producers_steps_never_overlap(takes_turns):
+    triples = seq_triples(N, 30)
+    features = make_table(N, (4,))
+    source = TurnWatch(triples, step_s=0.003)
+    with pingpong.PingPongLoader(source, features, timeout=30) as loader:
+        for _ in range(2):
+            for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+                with pingpong.rpc_turn():
+                    source.user_call(hold_s=0.004)
+                assert torch.equal(batch.x, features[inputs])
+    assert source.overlaps == []
+
+
+def test_next_inside_the_turn_raises_and_the_epoch_goes_on(takes_turns):
+    triples = seq_triples(N, 4)
+    features = make_table(N, (4,))
+    with pingpong.PingPongLoader(triples, features, timeout=5) as loader:
+        it = iter(loader)
+        assert torch.equal(next(it).x, features[triples[0][0]])
+        with pingpong.rpc_turn(), pytest.raises(pingpong.RpcTurnError, match="inside pingpong"):
+            next(it)
+        assert [torch.equal(b.x, features[t[0]]) for b, t in zip(it, triples[1:], strict=True)
+                ] == [True] * 3
+    assert not _rpc.RPC_LOCK.locked()
+
+
+def test_the_turn_is_not_reentrant_and_is_free_again_after_an_error():
+    with pingpong.rpc_turn():
+        with pytest.raises(pingpong.RpcTurnError, match="not re-entrant"):
+            with pingpong.rpc_turn():
+                pass
+        assert _rpc.RPC_LOCK.locked()
+    with pytest.raises(KeyError), pingpong.rpc_turn():
+        raise KeyError("a failing DGL call")
+    assert not _rpc.RPC_LOCK.locked()
+
+
+def test_a_loader_that_takes_no_turns_is_iterated_inside_one():
+    """Without a DGL RPC client the producers take no turns: no reason to refuse."""
+    triples = seq_triples(N, 3)
+    features = make_table(N, (4,))
+    with pingpong.rpc_turn(), pingpong.PingPongLoader(triples, features, timeout=5) as loader:
+        assert [torch.equal(b.x, features[t[0]]) for b, t in zip(loader, triples, strict=True)
+                ] == [True] * 3

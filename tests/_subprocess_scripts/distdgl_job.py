@@ -41,8 +41,10 @@ Modes (what a trainer does):
     and the original table; the edge partition's labels are read in place.
 ``early-exit``
     Eight times: two batches of a training loader, ``break``, then at once a
-    whole epoch of a validation loader; then both loaders in one ``zip``. Every
-    batch checked against the original tables; errors recorded.
+    whole epoch of a validation loader; then both loaders in one ``zip``; then
+    an epoch of the training loader in which the training thread pulls each
+    batch's output-node features itself, inside ``pingpong.rpc_turn()``. Every
+    batch and pull checked against the original tables; errors recorded.
 ``bad-id``
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
@@ -68,7 +70,8 @@ Modes (what a trainer does):
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
 ``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
 ``in-range`` (bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit: the
-producers do not take turns in DGL's RPC client), ``no-timeout`` (server-stop:
+producers do not take turns in DGL's RPC client), ``no-turn`` (early-exit: the
+training thread's own pulls do not take their turn), ``no-timeout`` (server-stop:
 ``timeout=None``), ``no-watch`` (server-*: the loader builds no server
 watch, as before pingpong had one), ``no-signal`` (server-*: leave the server alone, so the
 trainers run on to the deadline), ``leak`` (any mode: leave a process
@@ -527,8 +530,9 @@ def trainer_edge_labels(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
 
 def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """Leave a training loader's epoch after two batches, then at once run a whole epoch
-    of a second loader (validation), eight times; then both loaders in one ``zip``.
-    Every batch checked against the original tables (no DGL call on this thread)."""
+    of a second loader (validation), eight times; then both loaders in one ``zip``;
+    then an epoch with a pull of its own per batch, in ``pingpong.rpc_turn()``. Every
+    batch and pull checked against the original tables."""
     if BREAK == "no-rpc-lock":  # the producers no longer take turns in DGL's RPC client
         from pingpong import _rpc
 
@@ -567,9 +571,20 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
                 check(val_batch)
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             errors.append(f"zip: {type(exc).__name__}: {exc}"[:300])
+        own_pulls = 0
+        try:  # the training thread's own pulls, mid-epoch, taking their turn
+            for batch in train_loader:
+                check(batch)
+                with (contextlib.nullcontext() if BREAK == "no-turn"
+                      else pingpong.rpc_turn()):
+                    pulled = feat[batch.output_nodes]
+                wrong += not same_bits(pulled, sg.features[orig_nid[batch.output_nodes]])
+                own_pulls += 1
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            errors.append(f"own pulls: {type(exc).__name__}: {exc}"[:300])
         val_batches, train_batches = len(val_loader), len(train_loader)
     return {"checked": checked, "wrong": wrong, "errors": errors, "val_batches": val_batches,
-            "train_batches": train_batches}
+            "train_batches": train_batches, "own_pulls": own_pulls}
 
 
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
