@@ -599,10 +599,12 @@ def run_rank(rank: int, world_size: int, args: argparse.Namespace, data: Dataset
     torch.distributed.init_process_group(
         "nccl" if device.type == "cuda" else "gloo", init_method=f"file://{init_file}",
         rank=rank, world_size=world_size, timeout=datetime.timedelta(minutes=30))
+    ranks = Rank(rank, world_size)
     try:
-        result = train(args, data, device, Rank(rank, world_size))
+        result = train(args, data, device, ranks)
         if rank == 0 and args.json is not None:
             args.json.write_text(json.dumps(result, indent=2))
+        ranks.barrier(device)  # leave together (rank 0 evaluated the test set alone)
     finally:
         torch.distributed.destroy_process_group()
 
@@ -914,6 +916,7 @@ def run_torchrun(args: argparse.Namespace, launch: Launch) -> int:
             meta.with_name(f"{meta.stem}.meta.json").write_text(json.dumps(report))
         if ranks.leader and args.json is not None:
             args.json.write_text(json.dumps(result, indent=2))
+        ranks.barrier(device)  # leave together (rank 0 evaluated the test set alone)
     except RankFailure as exc:
         print(f"train_sage.py: rank {launch.rank}: stopping: {exc}", file=sys.stderr,
               flush=True)
