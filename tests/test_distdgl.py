@@ -272,6 +272,24 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
         assert report["wrong"] == 0
 
 
+def test_epochs_left_early_with_dgl_sampler_processes_leave_no_batches_behind(
+        part_dir: Path, tmp_path: Path) -> None:
+    """DGL's sampler processes keep preparing the batches of a pass left early; pingpong
+    receives and drops them before the next pass, so each whole epoch after three left
+    early has exactly the trainer's seeds (without that, ``no-drain``, it starts with
+    the old pass's batches and misses its own last ones)."""
+    job, ranks = run_job("break-samplers", tmp_path, part_dir)
+    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    for report in ranks:
+        assert report["wrong"] == 0
+        whole = report["whole_epochs"]
+        assert [e["batches"] for e in whole] == [whole[0]["len_loader"]] * 2
+        assert report["checked"] == 3 * 2 + 2 * whole[0]["len_loader"]
+        assert [e["seeds_are_train_share"] for e in whole] == [True, True]
+        assert report["dropped"] > 0  # DGL had batches in flight at each break
+
+
 def test_out_of_range_id_is_refused_before_any_pull(part_dir: Path, tmp_path: Path) -> None:
     """Batch 2 carries id N: IdRangeError in the training loop, and the DistTensors
     were pulled for batches 0 and 1 only -- never with the bad id."""

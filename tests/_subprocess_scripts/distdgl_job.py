@@ -45,6 +45,10 @@ Modes (what a trainer does):
     an epoch of the training loader in which the training thread pulls each
     batch's output-node features itself, inside ``pingpong.rpc_turn()``. Every
     batch and pull checked against the original tables; errors recorded.
+``break-samplers``
+    With one DGL sampler process per trainer: three epochs left after two
+    batches, then two whole epochs; every batch checked against the original
+    tables, and each whole epoch's seeds against the trainer's share.
 ``bad-id``
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
@@ -71,7 +75,8 @@ Modes (what a trainer does):
 ``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
 ``in-range`` (bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit: the
 producers do not take turns in DGL's RPC client), ``no-turn`` (early-exit: the
-training thread's own pulls do not take their turn), ``no-timeout`` (server-stop:
+training thread's own pulls do not take their turn), ``no-drain``
+(break-samplers: DGL's batches for a pass left early are not received), ``no-timeout`` (server-stop:
 ``timeout=None``), ``no-watch`` (server-*: the loader builds no server
 watch, as before pingpong had one), ``no-signal`` (server-*: leave the server alone, so the
 trainers run on to the deadline), ``leak`` (any mode: leave a process
@@ -412,6 +417,8 @@ def edge_label_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]
 
 
 HETERO_NODES = {"paper": 3000, "author": 2000}
+#: Modes with one DGL sampler process per trainer.
+SAMPLER_MODES = ("equal-samplers", "break-samplers")
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
 
 
@@ -528,6 +535,15 @@ def trainer_edge_labels(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
             "stats": stats, "local_id_ranges": id_ranges}
 
 
+def original_rows(part_dir: Path) -> tuple[torch.Tensor, Any]:
+    """(DGL's new-to-original node ids, the synthetic graph with the original tables)."""
+    orig_nid = torch.load(part_dir / "orig_nid.pt")
+    sg = make_synthetic_graph(num_nodes=SPEC.num_nodes, num_classes=SPEC.num_classes,
+                              feat_dim=SPEC.feat_dim, avg_degree=SPEC.avg_degree,
+                              seed=SPEC.seed)
+    return orig_nid, sg
+
+
 def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """Leave a training loader's epoch after two batches, then at once run a whole epoch
     of a second loader (validation), eight times; then both loaders in one ``zip``;
@@ -538,10 +554,7 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
 
         _rpc.RPC_LOCK = None
     feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
-    orig_nid = torch.load(part_dir / "orig_nid.pt")
-    sg = make_synthetic_graph(num_nodes=SPEC.num_nodes, num_classes=SPEC.num_classes,
-                              feat_dim=SPEC.feat_dim, avg_degree=SPEC.avg_degree,
-                              seed=SPEC.seed)
+    orig_nid, sg = original_rows(part_dir)
     train = td.make_source(tr.g, tr.train_nids, FANOUTS, 16, shuffle=True)
     val = td.make_source(tr.g, tr.val_nids[:256], FANOUTS, 64, shuffle=False)
     checked = wrong = 0
@@ -587,8 +600,47 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
             "train_batches": train_batches, "own_pulls": own_pulls}
 
 
+def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """With a DGL sampler process: three epochs left after two batches, then two whole
+    epochs; every batch checked against the original tables, each whole epoch's seeds
+    compared with the trainer's share."""
+    from pingpong.forms._dgl import DistLoaderSource
+
+    if BREAK == "no-drain":  # as before pingpong received DGL's abandoned batches
+        DistLoaderSource.drop_abandoned_batches = lambda self: 0  # type: ignore[method-assign]
+    feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
+    orig_nid, sg = original_rows(part_dir)
+    source = td.make_source(tr.g, tr.train_nids, FANOUTS, 16, shuffle=True)
+    wrong = checked = 0
+    whole = []
+
+    def check(batch: Any) -> None:
+        nonlocal checked, wrong
+        wrong += not (same_bits(batch.x, sg.features[orig_nid[batch.input_nodes]])
+                      and same_bits(batch.y, sg.labels[orig_nid[batch.output_nodes]]))
+        checked += 1
+
+    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
+        for _ in range(3):
+            for i, batch in enumerate(loader):
+                check(batch)
+                if i == 1:
+                    break
+        for _ in range(2):
+            seeds = []
+            for batch in loader:
+                check(batch)
+                seeds.append(batch.output_nodes.clone())
+            order = torch.cat(seeds)
+            whole.append({"batches": len(seeds), "len_loader": len(loader),
+                          "seeds_are_train_share": bool(torch.equal(
+                              order.sort().values, tr.train_nids.sort().values))})
+        dropped = loader._source.dropped_batches  # type: ignore[attr-defined]
+    return {"checked": checked, "wrong": wrong, "whole_epochs": whole, "dropped": dropped}
+
+
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
-            "early-exit": trainer_early_exit,
+            "early-exit": trainer_early_exit, "break-samplers": trainer_break_samplers,
             "edge-labels": trainer_edge_labels,
             "hetero-equal": trainer_hetero_equal,
             "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,
@@ -618,7 +670,7 @@ def launcher_main(mode: str, out: Path, part_dir: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="pingpong-distdgl-") as tmp:
         cluster = td.LocalCluster(command, part_config, Path(tmp), num_parts=2, log_dir=out,
                                   trainer_log_dir=out,
-                                  num_samplers=1 if mode == "equal-samplers" else 0,
+                                  num_samplers=int(mode in SAMPLER_MODES),
                                   graph_format="csc,coo" if mode.startswith("edge") else "csc")
         try:
             cluster.start()
