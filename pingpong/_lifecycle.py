@@ -36,7 +36,9 @@ loader finaliser      the same as ``close()``; it runs only once no iterator is
                       left, because every iterator keeps its loader alive
 iterator ``close()``  end + retire its epoch (CLOSED)
 iterator garbage      end its epoch (CLOSED); the loader retires it later
-interpreter exit      :func:`_end_all_epochs`: end every epoch, short joins
+interpreter exit      :func:`_end_all_epochs`: end every epoch, short joins;
+                      then wait (at most 10 s) for a producer still inside
+                      DGL's RPC client to leave it
 ====================  =========================================================
 
 Whatever would block, or close the device, and is asked for on a pingpong
@@ -51,17 +53,21 @@ import atexit
 import contextlib
 import enum
 import itertools
+import logging
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from . import _rpc
 from .errors import EpochSupersededError, LoaderClosedError
 
 if TYPE_CHECKING:
     from ._epoch import Epoch
     from .devices.base import Device
+
+logger = logging.getLogger(__name__)
 
 #: How often blocked waits wake up to check stop flags and thread liveness.
 POLL_S = 0.05
@@ -72,6 +78,8 @@ JOIN_TIMEOUT_S = 2.0
 SHORT_JOIN_TIMEOUT_S = 0.1
 #: At interpreter exit, the total time given to all producers to leave.
 EXIT_JOIN_BUDGET_S = 0.5
+#: At interpreter exit, how long a producer inside a DGL call is waited for after that.
+EXIT_RPC_WAIT_S = 10.0
 
 
 class EpochState(enum.Enum):
@@ -157,7 +165,10 @@ def _end_all_epochs() -> None:
 
     A producer inside a gather finishes it and exits (``EXIT_JOIN_BUDGET_S``
     for all of them); one blocked inside the source is left behind: it
-    writes nothing more.
+    writes nothing more. If producers take turns in DGL's RPC client
+    (:mod:`pingpong._rpc`), one still inside a DGL call is waited for -- at
+    most ``EXIT_RPC_WAIT_S`` -- through the lock: DGL's own exit hook, which
+    runs after this one, sends through that client too.
     """
     _process.exiting = True
     epochs = list(_process.live_epochs)
@@ -167,6 +178,21 @@ def _end_all_epochs() -> None:
     for epoch in epochs:
         if epoch.thread is not threading.current_thread():
             epoch.thread.join(max(0.0, deadline - time.monotonic()))
+    if any(e.takes_rpc_turns and e.thread.is_alive() for e in epochs):
+        _wait_for_rpc_client(EXIT_RPC_WAIT_S)
+
+
+def _wait_for_rpc_client(timeout: float) -> None:
+    """Wait until no producer is inside DGL's RPC client: take the turn, give it back
+    (a producer that gets the turn next sees its epoch ended and leaves)."""
+    lock = _rpc.RPC_LOCK
+    if lock is None or on_pingpong_thread():
+        return
+    if lock.acquire(timeout=timeout):
+        lock.release()
+    else:
+        logger.warning("pingpong: at exit, a producer was still inside a DGL call after "
+                       "%.0f s; DGL's own exit hook may now send at the same time", timeout)
 
 
 class LoaderCore:

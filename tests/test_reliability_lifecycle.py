@@ -46,6 +46,14 @@ def producer_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("pingpong-producer")]
 
 
+def settled_thread_count() -> int:
+    """``threading.active_count()`` once no kernel warm-up thread is running (a loader's
+    first CPU device in a process starts one, which ends on its own)."""
+    assert wait_until(lambda: not any(t.name.startswith("pingpong-warmup")
+                                      for t in threading.enumerate()), 30.0)
+    return threading.active_count()
+
+
 def wait_until(predicate: Any, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -69,10 +77,10 @@ def test_early_exit(how, keep_reference, device_kind):
     """
     triples = seq_triples(N, 30)
     features, labels = make_table(), make_table(N, (), torch.int64)
-    baseline = threading.active_count()
+    baseline = settled_thread_count()
     device = make_device(device_kind, seed=3)
     loader = PingPongLoader(SeqSource(triples, shuffle=False), features, labels, device=device)
-    after_create = threading.active_count()
+    after_create = settled_thread_count()
     with loader:
         it = iter(loader)
         alias = it if keep_reference else None
@@ -108,8 +116,10 @@ def test_early_exit(how, keep_reference, device_kind):
         assert time.monotonic() - start < 2.0 + 1.0  # exit + one 30-batch epoch
         verifier.resolve()
         assert (verifier.checked, verifier.corrupted) == (30, 0)
-        assert wait_until(lambda: threading.active_count() == after_create, 2.0)
-    assert wait_until(lambda: threading.active_count() == baseline, 2.0)
+        assert wait_until(lambda: threading.active_count() == after_create, 2.0), (
+            after_create, [t.name for t in threading.enumerate()])
+    assert wait_until(lambda: threading.active_count() == baseline, 2.0), (
+        baseline, [t.name for t in threading.enumerate()])
 
 
 def test_dropping_an_iterator_in_a_reference_cycle():
@@ -401,6 +411,18 @@ def _spawn(script: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
+@contextlib.contextmanager
+def _spawned(script: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """:func:`_spawn`, killed (and its pipes read) at the end of the block if still running."""
+    proc = _spawn(script, *args)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def _wait_for_line(proc: subprocess.Popen[str], line: str, timeout: float) -> None:
     """Read the child's stdout until ``line``; a silent child fails, never hangs."""
     deadline = time.monotonic() + timeout
@@ -475,18 +497,13 @@ def test_sigint_storm_in_next_only_ever_raises_keyboard_interrupt():
     catch it only in roughly one run in ten, so it is a regression guard for
     the whole interrupt path rather than a sure test of that race.
     """
-    proc = _spawn("sigint_storm.py", "4")
-    try:
+    with _spawned("sigint_storm.py", "4") as proc:
         _wait_for_line(proc, "READY", 90)
         deadline = time.monotonic() + 4.5
         while time.monotonic() < deadline and proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             time.sleep(0.001)
         stdout, stderr = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, stderr
     report = json.loads(stdout.strip().splitlines()[-1])
     assert report["other"] == 0, report["others"]
@@ -645,3 +662,15 @@ def test_rapid_reiteration_never_lets_an_old_producer_advance():
         threads_per_pass.setdefault(number, set()).add(thread)
     assert all(len(names) == 1 for names in threads_per_pass.values())
     assert wait_for_no_pingpong_threads(2.0) == []
+
+
+def test_exit_waits_for_a_producer_inside_a_dgl_call():
+    """At exit, pingpong's hook waits (through the RPC lock) for a producer inside a
+    DGL call before DGL's own exit hook, which sends through the same client, runs."""
+    with _spawned("exit_in_dgl_call.py") as proc:
+        _wait_for_line(proc, "EXITING", 90)
+        started = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "INSIDE_AT_DGL_EXIT False" in stdout.splitlines(), stdout + stderr
+    assert time.monotonic() - started < 5  # one 1.5 s call, not the 10 s limit
