@@ -93,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-id-range", action="store_true",
                    help="split the ids with the DistTensor's part_policy per batch, as before "
                         "the id-range split (for an A/B run; default: the range)")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval(S) in the trainers (Python's default: 0.005): "
+                        "how long a thread may hold the GIL while another waits for it")
     p.add_argument("--part-dir", type=Path, default=None)
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="first wait up to this many seconds for other processes to go quiet")
@@ -135,6 +138,8 @@ def trainer_main(args: argparse.Namespace) -> None:
     if args.profile_producer is not None:
         profile_producer_threads(args.profile_producer)
     tr = td.init_trainer(threads=1)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     if args.no_id_range:  # the loader then asks DGL's part_policy for every batch
         setattr(pingpong.rowsource, "local_id_range", lambda *_args: None)  # noqa: B010
     # local: pingpong reads this machine's partition in place (the sync loop pulls it)
@@ -306,6 +311,8 @@ def render(report: dict[str, Any]) -> str:
            "reads the rows of the trainer's own partition in place and pulls the others"
            + ("; the ids split by DGL's part_policy per batch, not by the partition's id "
               "range" if s.get("no_id_range") else ""))
+        + (f"; GIL switch interval {s['switch_interval'] * 1e3:g} ms in the trainers "
+           "(Python's default 5 ms)" if s.get("switch_interval") is not None else "")
         + f"); GraphSAGE hidden {s['hidden']}. Medians of "
         f"{min(r['epochs_each'] for r in report['summary'])} timed epochs of each kind per "
         f"delay (after a warm-up of each), kinds shuffled per round; an epoch's time is the "
@@ -403,7 +410,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                      for k, v in vars(args).items()
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
                               "hidden", "delays_ms", "rounds", "trainers", "samplers",
-                              "no_local_rows", "no_id_range")},
+                              "no_local_rows", "no_id_range", "switch_interval")},
         "steps_per_epoch": result["steps_per_epoch"],
         "train_nodes_per_trainer": result["train_nodes_per_trainer"],
         "summary": summary, "judged": judged,
