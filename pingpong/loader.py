@@ -18,7 +18,7 @@ from .cache import make_feature_cache
 from .devices import Device, make_device
 from .errors import ConfigError
 from .forms import FormCallable, ItemReader
-from .forms._dgl import restartable_dgl_loader
+from .forms._dgl_dist import restartable_dgl_loader
 from .rowsource import RowSource
 from .serverwatch import ServerWatch, dgl_server_watch
 from .slots import Slot, make_slots

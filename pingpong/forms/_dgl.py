@@ -9,7 +9,6 @@ the probe that tells which devices those are.
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
 
 import torch
@@ -20,8 +19,6 @@ from ..errors import BatchFormError
 #: DGL's key for original node / edge ids (``dgl.NID`` / ``dgl.EID``), as DGL spells them.
 NID = "_ID"
 EID = "_ID"
-
-logger = logging.getLogger(__name__)
 
 
 def is_dgl_graph(obj: Any) -> bool:
@@ -83,59 +80,6 @@ def edge_block_from_dgl(graph: Any) -> EdgeBlock:
         int(graph.num_src_nodes()),
         int(graph.num_dst_nodes()),
     )
-
-
-class DistLoaderSource:
-    """A DGL ``DistDataLoader`` (``DistNodeDataLoader``, ``DistEdgeDataLoader``) as a
-    re-iterable source with a length.
-
-    DGL's distributed loaders return themselves from ``__iter__`` (which
-    restarts the epoch) and have no ``len()``; this makes every
-    ``iter()`` one new pass and ``len()`` the number of batches DGL expects.
-    The loader retires an epoch's producer before it starts the next one, so
-    no two passes ever advance the shared iterator at once.
-
-    A pass left early with DGL sampler processes (``DGL_NUM_SAMPLER`` > 0) still
-    has batches on their way: DGL keeps up to ``queue_size`` requests in flight
-    (``num_pending``), and its ``__iter__`` forgets them without receiving them,
-    so they would come out first in the next pass -- which would then stop
-    ``num_pending`` batches short of its own and hand those to the pass after.
-    ``iter()`` here receives and drops them first (:meth:`drop_abandoned_batches`).
-    """
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self.dropped_batches = 0
-
-    def __iter__(self) -> Any:
-        self.drop_abandoned_batches()
-        return iter(self.loader)
-
-    def drop_abandoned_batches(self) -> int:
-        """Receive and drop the batches DGL's sampler processes are still preparing for
-        the last pass (none if it ended, or without sampler processes); how many."""
-        loader = self.loader
-        pending = int(getattr(loader, "num_pending", 0) or 0)
-        if pending <= 0 or getattr(loader, "pool", None) is None:
-            return 0
-        for _ in range(pending):
-            loader._get_data_from_result_queue()  # DGL's own wait (its 1800 s default)
-            loader.num_pending -= 1
-        self.dropped_batches += pending
-        logger.debug("pingpong: dropped %d batches DGL prepared for a pass left early",
-                     pending)
-        return pending
-
-    def __len__(self) -> int:
-        return int(self.loader.expected_idxs)
-
-
-def restartable_dgl_loader(source: Any) -> DistLoaderSource | None:
-    """``source`` as a re-iterable if it is a DGL distributed loader, else ``None``."""
-    for cls in type(source).__mro__:
-        if cls.__name__ == "DistDataLoader" and cls.__module__.startswith("dgl."):
-            return DistLoaderSource(source)
-    return None
 
 
 @functools.cache

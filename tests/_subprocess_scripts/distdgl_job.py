@@ -26,8 +26,10 @@ Modes (what a trainer does):
     the ``DistNodeDataLoader`` samples in it, the producer receives its blocks.
 ``edge-equal``
     One shuffled epoch of ``PingPongLoader`` over a ``DistEdgeDataLoader``
-    (edge prediction, uniform negatives) with the ``DistTensor`` ``feat``; each
-    batch's features are compared with ``feat[input_nodes]`` pulled afterwards.
+    (edge prediction, uniform negatives, ``exclude="self"``) with the
+    ``DistTensor`` ``feat``; each batch's features are compared with
+    ``feat[input_nodes]`` pulled afterwards, and its blocks' edges with its seed
+    edges (DGL ignores ``exclude`` on a ``DistGraph``); warnings recorded.
 ``hetero-equal``
     ``equal`` on a heterogeneous graph (``paper`` and ``author`` nodes, three
     edge types; float32 paper features, float64 author features of another
@@ -73,6 +75,7 @@ Modes (what a trainer does):
 
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
 ``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
+``no-exclude`` (edge-equal: no ``exclude`` asked for, so no check),
 ``in-range`` (bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit: the
 producers do not take turns in DGL's RPC client), ``no-turn`` (early-exit: the
 training thread's own pulls do not take their turn), ``no-drain``
@@ -94,6 +97,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -224,7 +228,9 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
 
 def trainer_edge_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """A shuffled epoch of PingPongLoader over a ``DistEdgeDataLoader`` with uniform
-    negatives: every batch's x against ``feat[input_nodes]`` pulled afterwards."""
+    negatives, excluding each batch's own edges from its message-flow graphs
+    (``exclude="self"``): every batch's x against ``feat[input_nodes]`` pulled
+    afterwards; the batch's seed edges counted among its blocks' edges."""
     import dgl
 
     feat = tr.g.ndata["feat"]
@@ -235,13 +241,19 @@ def trainer_edge_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
     source = dgl.dataloading.DistEdgeDataLoader(
         tr.g, eids, dgl.dataloading.NeighborSampler(FANOUTS),
         negative_sampler=dgl.dataloading.negative_sampler.Uniform(1),
+        exclude=None if BREAK == "no-exclude" else "self",
         batch_size=BATCH_SIZE, shuffle=True, drop_last=False)
     kept = []
-    with pingpong.PingPongLoader(source, feat, device="cpu", timeout=120) as loader:
+    seeds_in_blocks = 0
+    with warnings.catch_warnings(record=True) as caught, \
+            pingpong.PingPongLoader(source, feat, device="cpu", timeout=120) as loader:
+        warnings.simplefilter("always")
         for batch in loader:
+            seeds = batch.pair_graph.edata[dgl.EID]
+            seeds_in_blocks += sum(int(torch.isin(block.edata[dgl.EID], seeds).sum())
+                                   for block in batch.blocks)
             kept.append((type(batch).__name__, batch.input_nodes.clone(), batch.x.clone(),
-                         batch.pair_graph.edata[dgl.EID].clone(),
-                         batch.neg_pair_graph.num_edges()))
+                         seeds.clone(), batch.neg_pair_graph.num_edges()))
         stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
         len_loader = len(loader)
     # The epoch is over: the producer no longer uses DGL's RPC.
@@ -252,7 +264,9 @@ def trainer_edge_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
     return {"batch_types": sorted({k[0] for k in kept}), "batches": len(kept),
             "len_loader": len_loader, "mismatch_vs_sync_pull": mismatch,
             "edges_are_share": bool(torch.equal(seen, eids)),
-            "negatives": sum(k[4] for k in kept), "stats": stats}
+            "negatives": sum(k[4] for k in kept), "stats": stats,
+            "seed_edges_in_blocks": seeds_in_blocks,
+            "warnings": [str(w.message) for w in caught]}
 
 
 class ParkAt:
@@ -604,7 +618,7 @@ def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[st
     """With a DGL sampler process: three epochs left after two batches, then two whole
     epochs; every batch checked against the original tables, each whole epoch's seeds
     compared with the trainer's share."""
-    from pingpong.forms._dgl import DistLoaderSource
+    from pingpong.forms._dgl_dist import DistLoaderSource
 
     if BREAK == "no-drain":  # as before pingpong received DGL's abandoned batches
         DistLoaderSource.drop_abandoned_batches = lambda self: 0  # type: ignore[method-assign]
