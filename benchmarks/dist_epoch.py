@@ -161,6 +161,7 @@ def trainer_main(args: argparse.Namespace) -> None:
         def epoch(kind: str) -> dict[str, Any]:
             before_pp, before_sync = dict(pp.stats), dict(sync.stats)
             cpu0, main0 = time.process_time(), time.thread_time()
+            busy0 = _common._system_busy_seconds()  # every process: servers included
             if kind == "load":
                 t0 = time.perf_counter()
                 cache[:] = list(sync)
@@ -171,6 +172,8 @@ def trainer_main(args: argparse.Namespace) -> None:
                 r = td.train_epoch(ddp, opt, sync if kind == "sync" else pp)
             cpu = time.process_time() - cpu0  # this trainer process, all its threads
             main_cpu = time.thread_time() - main0  # the training thread alone
+            busy1 = _common._system_busy_seconds()
+            machine = {} if busy0 is None or busy1 is None else {"machine_cpu_s": busy1 - busy0}
             stats = pp.stats if kind == "pingpong" else sync.stats
             before = before_pp if kind == "pingpong" else before_sync
             delta = {k: float(stats[k]) - float(before.get(k, 0.0))
@@ -179,7 +182,7 @@ def trainer_main(args: argparse.Namespace) -> None:
                      if k in stats}
             return {"kind": kind, "epoch_s": td.all_max(r.epoch_s), "epoch_s_rank": r.epoch_s,
                     "cpu_s": cpu, "cpu_s_max": td.all_max(cpu), "main_cpu_s": main_cpu,
-                    "compute_s": r.compute_s, "steps": r.steps, **delta}
+                    "compute_s": r.compute_s, "steps": r.steps, **machine, **delta}
 
         for delay in args.delays_ms:
             feat.delay_s = label.delay_s = delay / 1000
@@ -231,6 +234,9 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 split[f"{k}_other_cpu_s"] = statistics.median(
                     r["cpu_s"] - r["main_cpu_s"] - p for r, p in zip(these, producer,
                                                                      strict=True))
+                if all("machine_cpu_s" in r for r in these):  # rank 0's view of the machine
+                    split[f"{k}_machine_cpu_s"] = statistics.median(
+                        r["machine_cpu_s"] for r in these)
         bound = max(med["load"], med["compute"])
         out.append({"delay_ms": delay, **{f"{k}_s": med[k] for k in KINDS},
                     "epochs_each": min(n.values()), "bound_s": bound,
@@ -262,13 +268,18 @@ def render(report: dict[str, Any]) -> str:
     judged = report["judged"]
     summary = report["summary"]
     split_table = ""
+    machine_cols = bool(summary) and "pingpong_machine_cpu_s" in summary[0]
     if summary and "pingpong_main_cpu_s" in summary[0]:
         split_table = _common.markdown_table(
             ["delay ms/pull", "load: main", "load: other", "compute: main", "compute: other",
-             "pp: main", "pp: producer", "pp: other"],
+             "pp: main", "pp: producer", "pp: other"]
+            + (["load: machine", "compute: machine", "pp: machine"] if machine_cols else []),
             [[f"{r['delay_ms']:g}", r["load_main_cpu_s"], r["load_other_cpu_s"],
               r["compute_main_cpu_s"], r["compute_other_cpu_s"], r["pingpong_main_cpu_s"],
-              r["pingpong_producer_cpu_s"], r["pingpong_other_cpu_s"]] for r in summary])
+              r["pingpong_producer_cpu_s"], r["pingpong_other_cpu_s"]]
+             + ([r["load_machine_cpu_s"], r["compute_machine_cpu_s"],
+                 r["pingpong_machine_cpu_s"]] if machine_cols else [])
+             for r in summary])
     share = statistics.median(r["compute_cpu_s"] / r["compute_s"] for r in summary)
     cpu_line = "; ".join(f"{r['delay_ms']:g} ms: pp {r['pingpong_cpu_s']:.2f} s vs load "
                          f"{r['load_cpu_s']:.2f} + compute {r['compute_cpu_s']:.2f} s"
@@ -335,7 +346,9 @@ def render(report: dict[str, Any]) -> str:
         *(["Where rank 0's CPU seconds went in an epoch (medians): `main` the training "
            "thread (in `load`, the loop that samples and pulls), `producer` pingpong's "
            "producer thread (`stats[\"producer_cpu_s\"]`: DGL's sampling, the pulls, the "
-           "copies into the slot), `other` the rest of the process (DGL's RPC threads, gloo).",
+           "copies into the slot), `other` the rest of the process (DGL's RPC threads, gloo)"
+           + ("; `machine` every process on the machine over rank 0's epoch (/proc/stat: "
+              "the servers, the trainers, anything else)" if machine_cols else "") + ".",
            "", split_table, ""] if split_table else []),
         "## Goals", "",
         f"- Overlap: pingpong's epoch <= {GOAL_EFFICIENCY}x max(load, compute): "
