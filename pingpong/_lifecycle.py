@@ -115,6 +115,7 @@ class _Process:
         self.exiting = False
         self.live_epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
         self.hook_registered = False
+        self.hook_after_dgl = False
         self.lock = threading.Lock()
 
     def register(self, epoch: Epoch) -> None:
@@ -124,6 +125,13 @@ class _Process:
                 # Registered at the first epoch, i.e. after the loaders'
                 # weakref.finalize exit hook: atexit runs it first.
                 self.hook_registered = True
+                atexit.register(_end_all_epochs)
+            if epoch.takes_rpc_turns and not self.hook_after_dgl:
+                # DGL's exit hook (registered by dgl.distributed.initialize, before any
+                # epoch that takes turns) must run after ours: registered again now,
+                # ours comes later in atexit's list, so it runs earlier.
+                self.hook_after_dgl = True
+                atexit.unregister(_end_all_epochs)
                 atexit.register(_end_all_epochs)
 
 
@@ -178,15 +186,16 @@ def _end_all_epochs() -> None:
     for epoch in epochs:
         if epoch.thread is not threading.current_thread():
             epoch.thread.join(max(0.0, deadline - time.monotonic()))
-    if any(e.takes_rpc_turns and e.thread.is_alive() for e in epochs):
-        _wait_for_rpc_client(EXIT_RPC_WAIT_S)
+    # By the lock, not by the epochs: a producer whose epoch was retired while it was
+    # inside a DGL call (close() waits 2 s) is no longer among the live epochs.
+    _wait_for_rpc_client(EXIT_RPC_WAIT_S)
 
 
 def _wait_for_rpc_client(timeout: float) -> None:
     """Wait until no producer is inside DGL's RPC client: take the turn, give it back
     (a producer that gets the turn next sees its epoch ended and leaves)."""
     lock = _rpc.RPC_LOCK
-    if lock is None or on_pingpong_thread():
+    if lock is None or not lock.locked() or on_pingpong_thread():
         return
     if lock.acquire(timeout=timeout):
         lock.release()

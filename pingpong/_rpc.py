@@ -25,7 +25,8 @@ from .errors import RpcTurnError
 #: The lock of DGL's RPC client (see the module docstring); None turns it off.
 RPC_LOCK: threading.Lock | None = threading.Lock()
 
-#: The thread inside :func:`rpc_turn`, if any (its ident).
+#: The thread that holds :data:`RPC_LOCK` -- inside :func:`rpc_turn`, or a producer
+#: inside its step (:func:`holding`) -- if any (its ident). Written only by that thread.
 _turn_holder: int | None = None
 
 
@@ -47,26 +48,24 @@ def rpc_turn() -> Iterator[None]:
     step (one source step and its pulls), and producers wait for the block.
     Inside it, do not ask a DistDGL loader for a batch (``next()`` raises
     :class:`~pingpong.RpcTurnError`: its producer could never take its turn) and
-    do not wait for anything that waits for a producer. Not re-entrant
-    (:class:`~pingpong.RpcTurnError`). Costs a lock in a process without a DGL
-    RPC client; does nothing if ``pingpong._rpc.RPC_LOCK`` was set to None.
+    do not wait for anything that waits for a producer. A thread that already has
+    the turn -- an enclosing ``rpc_turn()``, or a producer running your source or
+    row source -- keeps it: the inner block takes nothing. Costs a lock in a
+    process without a DGL RPC client; does nothing if ``pingpong._rpc.RPC_LOCK``
+    was set to None.
     """
     global _turn_holder
     lock = RPC_LOCK
-    if lock is None:
+    me = threading.get_ident()
+    if lock is None or _turn_holder == me:
         yield
         return
-    me = threading.get_ident()
-    if _turn_holder == me:
-        raise RpcTurnError("pingpong.rpc_turn() is not re-entrant: this thread already "
-                           "holds the turn")
-    lock.acquire()
-    _turn_holder = me
-    try:
-        yield
-    finally:
-        _turn_holder = None
-        lock.release()
+    with lock:
+        _turn_holder = me
+        try:
+            yield
+        finally:
+            _turn_holder = None
 
 
 def refuse_inside_turn() -> None:
@@ -83,16 +82,23 @@ def refuse_inside_turn() -> None:
 def holding(lock: threading.Lock | None, stop: threading.Event,
             poll_s: float) -> Iterator[bool]:
     """Hold ``lock`` (if any) for the block; yields False, holding nothing, when
-    ``stop`` was set while waiting for it."""
+    ``stop`` was set while waiting for it. Holding :data:`RPC_LOCK`, the thread has
+    the turn (an :func:`rpc_turn` inside the block takes nothing)."""
+    global _turn_holder
     if lock is None:
         yield True
         return
     if not acquire(lock, stop, poll_s):
         yield False
         return
+    turn = lock is RPC_LOCK
     try:
+        if turn:
+            _turn_holder = threading.get_ident()
         yield True
     finally:
+        if turn:
+            _turn_holder = None
         lock.release()
 
 

@@ -41,8 +41,8 @@ exception                          raised when
                                    loop over one loader) (``RuntimeError``)
 :class:`RpcTurnError`              ``next()`` on a DistDGL loader by a thread
                                    inside :func:`pingpong.rpc_turn` (its
-                                   producer could never take its turn), or
-                                   the turn taken twice (``RuntimeError``)
+                                   producer could never take its turn)
+                                   (``RuntimeError``)
 :class:`BatchExpiredError`         ``batch.record_stream()`` after the batch's
                                    slot was handed back (``RuntimeError``)
 :class:`SlotOverwriteError`        ``debug=True`` only: a slot was refilled while

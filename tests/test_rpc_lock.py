@@ -161,14 +161,42 @@ def test_next_inside_the_turn_raises_and_the_epoch_goes_on(takes_turns):
     assert not _rpc.RPC_LOCK.locked()
 
 
-def test_the_turn_is_not_reentrant_and_is_free_again_after_an_error():
+def test_a_turn_inside_a_turn_is_the_same_turn_and_is_free_again_after_an_error():
     with pingpong.rpc_turn():
-        with pytest.raises(pingpong.RpcTurnError, match="not re-entrant"):
-            with pingpong.rpc_turn():
-                pass
-        assert _rpc.RPC_LOCK.locked()
+        with pingpong.rpc_turn():  # takes nothing: this thread has the turn
+            assert _rpc.RPC_LOCK.locked()
+        assert _rpc.RPC_LOCK.locked()  # still the outer block's
+    assert not _rpc.RPC_LOCK.locked()
     with pytest.raises(KeyError), pingpong.rpc_turn():
         raise KeyError("a failing DGL call")
+    assert not _rpc.RPC_LOCK.locked()
+
+
+class TurnTakingSource:
+    """A source whose steps make DGL calls of their own inside ``rpc_turn()`` (as a
+    user's sampler might): run by a producer that already has the turn."""
+
+    def __init__(self, triples: list[Any]) -> None:
+        self.triples = triples
+        self.turns = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.triples:
+            with pingpong.rpc_turn():
+                self.turns += 1
+            yield item
+
+
+def test_a_producer_that_has_the_turn_keeps_it_in_the_users_rpc_turn(takes_turns):
+    """A source (or row source) calling ``rpc_turn()`` runs on a producer holding the
+    turn: the inner block takes nothing, instead of waiting for ever for itself."""
+    triples = seq_triples(N, 5)
+    features = make_table(N, (4,))
+    source = TurnTakingSource(triples)
+    with pingpong.PingPongLoader(source, features, timeout=5) as loader:
+        assert [torch.equal(b.x, features[t[0]]) for b, t in zip(loader, triples, strict=True)
+                ] == [True] * 5
+    assert source.turns == 5
     assert not _rpc.RPC_LOCK.locked()
 
 

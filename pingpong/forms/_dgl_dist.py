@@ -57,7 +57,12 @@ class DistLoaderSource:
         return self._checking_first_batch(iterator)
 
     def _checking_first_batch(self, iterator: Iterator[Any]) -> Iterator[Any]:
-        for item in iterator:
+        # next(), not `for`: iter() on DGL's loader would restart (and reshuffle) the pass
+        while True:
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
             if self.seed_edges_kept is None:
                 self._check_exclusion(item)
             yield item
@@ -83,8 +88,15 @@ class DistLoaderSource:
         """Receive and drop the batches DGL's sampler processes are still preparing for
         the last pass (none if it ended, or without sampler processes); how many."""
         loader = self.loader
-        pending = int(getattr(loader, "num_pending", 0) or 0)
-        if pending <= 0 or getattr(loader, "pool", None) is None:
+        if getattr(loader, "pool", None) is None:  # no sampler processes: nothing in flight
+            return 0
+        if not (hasattr(loader, "num_pending") and hasattr(loader, "_get_data_from_result_queue")):
+            _warn_once("pingpong: this DGL's DistDataLoader has no num_pending or "
+                       "_get_data_from_result_queue (pingpong knows DGL 1.1.3 and 2.1.0): a "
+                       "pass left early may leave batches that the next pass receives first")
+            return 0
+        pending = int(loader.num_pending or 0)
+        if pending <= 0:
             return 0
         for _ in range(pending):
             loader._get_data_from_result_queue()  # DGL's own wait (its 1800 s default)
@@ -96,6 +108,15 @@ class DistLoaderSource:
 
     def __len__(self) -> int:
         return int(self.loader.expected_idxs)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
 
 
 def restartable_dgl_loader(source: Any) -> DistLoaderSource | None:

@@ -1,10 +1,20 @@
 """Child process: the interpreter exits while a producer that takes turns in DGL's RPC
-client (:mod:`pingpong._rpc`) is inside a slow call (a 1.5 s source step standing for
-a pull or a sampling RPC).
+client (:mod:`pingpong._rpc`) is inside a slow call (a source step standing for a pull
+or a sampling RPC).
 
-An exit hook registered before the loader's first epoch -- like DGL's
-``exit_client``, registered by ``dgl.distributed.initialize`` -- runs after
-pingpong's and prints ``INSIDE_AT_DGL_EXIT <True|False>``: whether the producer was
+Usage: ``python exit_in_dgl_call.py SCENARIO``:
+
+- ``plain``: exit while the producer is inside a 1.5 s call;
+- ``local-loader-first``: the same, after a loader that takes no turns ran
+  before DGL's exit hook was registered (as a loader used before
+  ``dgl.distributed.initialize`` would);
+- ``closed-while-inside``: 3.5 s calls; ``loader.close()`` gives up on the
+  producer after 2 s (it is still inside the call), the loader and its epoch
+  are dropped, then the interpreter exits.
+
+An exit hook standing for DGL's ``exit_client`` -- registered where
+``dgl.distributed.initialize`` would register it, before the loader that takes
+turns -- prints ``INSIDE_AT_DGL_EXIT <True|False>``: whether the producer was
 still inside the call then (DGL's hook sends through the same client). Prints
 ``EXITING`` right before leaving.
 """
@@ -12,35 +22,49 @@ still inside the call then (DGL's hook sends through the same client). Prints
 from __future__ import annotations
 
 import atexit
+import gc
+import sys
 import time
 
+import torch
+
+from pingpong import PingPongLoader, _rpc
+
+scenario = sys.argv[1]
 state = {"inside": False}
 
 
-@atexit.register  # before pingpong's hook, so it runs after it (as DGL's does)
 def _dgl_like_exit_client() -> None:
     print(f"INSIDE_AT_DGL_EXIT {state['inside']}", flush=True)
 
 
-import torch  # noqa: E402
-
-from pingpong import PingPongLoader, _rpc  # noqa: E402
-
-# As in a process with a DGL RPC client: loaders made now take turns.
-_rpc.lock_for_process = lambda: _rpc.RPC_LOCK
-
-
 class SlowCalls:
+    def __init__(self, call_s: float) -> None:
+        self.call_s = call_s
+
     def __iter__(self):
         for _ in range(100):
             state["inside"] = True
-            time.sleep(1.5)
+            time.sleep(self.call_s)
             state["inside"] = False
             yield (torch.arange(10), torch.arange(4), None)
 
 
-loader = PingPongLoader(SlowCalls(), torch.zeros(20, 3))
+if scenario == "local-loader-first":  # pingpong's exit hook is registered now
+    for _batch in PingPongLoader([(torch.arange(3), torch.arange(2), None)],
+                                 torch.zeros(20, 3)):
+        pass
+atexit.register(_dgl_like_exit_client)  # what dgl.distributed.initialize does
+# As in a process with a DGL RPC client: loaders made now take turns.
+_rpc.lock_for_process = lambda: _rpc.RPC_LOCK
+
+loader = PingPongLoader(SlowCalls(3.5 if scenario == "closed-while-inside" else 1.5),
+                        torch.zeros(20, 3))
 it = iter(loader)
 next(it)
-time.sleep(0.2)  # the producer is inside its next step
+time.sleep(0.2)  # the producer is inside its next call
+if scenario == "closed-while-inside":
+    loader.close()  # waits 2 s for the producer, which stays inside its call
+    del it, loader  # the epoch is gone; its producer is not
+    gc.collect()
 print("EXITING", flush=True)
