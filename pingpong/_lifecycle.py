@@ -129,9 +129,10 @@ class _Process:
             if epoch.takes_rpc_turns and not self.hook_after_dgl:
                 # DGL's exit hook (registered by dgl.distributed.initialize, before any
                 # epoch that takes turns) must run after ours: registered again now,
-                # ours comes later in atexit's list, so it runs earlier.
+                # ours comes later in atexit's list, so it runs earlier. (Not
+                # unregistered first: at exit, that could lose the pending one; a
+                # second run finds every epoch ended.)
                 self.hook_after_dgl = True
-                atexit.unregister(_end_all_epochs)
                 atexit.register(_end_all_epochs)
 
 
@@ -187,21 +188,25 @@ def _end_all_epochs() -> None:
         if epoch.thread is not threading.current_thread():
             epoch.thread.join(max(0.0, deadline - time.monotonic()))
     # By the lock, not by the epochs: a producer whose epoch was retired while it was
-    # inside a DGL call (close() waits 2 s) is no longer among the live epochs.
-    _wait_for_rpc_client(EXIT_RPC_WAIT_S)
+    # inside a DGL call (close() waits 2 s) is no longer among the live epochs. Only
+    # in a process that had producers taking turns (a DGL RPC client).
+    if _process.hook_after_dgl:
+        _wait_for_rpc_client(EXIT_RPC_WAIT_S)
 
 
 def _wait_for_rpc_client(timeout: float) -> None:
     """Wait until no producer is inside DGL's RPC client: take the turn, give it back
     (a producer that gets the turn next sees its epoch ended and leaves)."""
     lock = _rpc.RPC_LOCK
-    if lock is None or not lock.locked() or on_pingpong_thread():
+    if (lock is None or not lock.locked() or on_pingpong_thread()
+            or _rpc._turn_holder == threading.get_ident()):  # this thread holds it
         return
     if lock.acquire(timeout=timeout):
         lock.release()
     else:
-        logger.warning("pingpong: at exit, a producer was still inside a DGL call after "
-                       "%.0f s; DGL's own exit hook may now send at the same time", timeout)
+        logger.warning("pingpong: at exit, a thread was still inside DGL's RPC client "
+                       "after %.0f s; DGL's own exit hook may now send at the same time",
+                       timeout)
 
 
 class LoaderCore:

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 
 from .errors import RpcTurnError
 
-#: The lock of DGL's RPC client (see the module docstring); None turns it off.
+#: The lock of DGL's RPC client (see the module docstring); None turns it off. Set it,
+#: if at all, once, before any loader starts: threads holding an old lock are not seen.
 RPC_LOCK: threading.Lock | None = threading.Lock()
 
 #: The thread that holds :data:`RPC_LOCK` -- inside :func:`rpc_turn`, or a producer
@@ -61,21 +62,23 @@ def rpc_turn() -> Iterator[None]:
         yield
         return
     with lock:
-        _turn_holder = me
         try:
+            _turn_holder = me
             yield
         finally:
             _turn_holder = None
 
 
 def refuse_inside_turn() -> None:
-    """Raise :class:`~pingpong.RpcTurnError` if this thread is inside :func:`rpc_turn`
-    (called by ``next()`` of a loader whose producers take turns)."""
+    """Raise :class:`~pingpong.RpcTurnError` if this thread has the turn -- inside
+    :func:`rpc_turn`, or a producer inside its step (called by ``next()`` of a loader
+    whose producers take turns)."""
     if _turn_holder == threading.get_ident():
         raise RpcTurnError(
-            "next() on a DistDGL loader inside pingpong.rpc_turn(): its producer needs "
-            "a turn in DGL's RPC client to prepare the batch and would wait for ever; "
-            "ask for the batch outside the `with pingpong.rpc_turn():` block")
+            "next() on a DistDGL loader by a thread that has the turn in DGL's RPC client "
+            "(inside pingpong.rpc_turn(), or a pingpong producer): the loader's producer "
+            "needs that turn to prepare the batch and would wait for ever; ask for the "
+            "batch outside the `with pingpong.rpc_turn():` block")
 
 
 @contextlib.contextmanager

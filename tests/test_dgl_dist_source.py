@@ -74,12 +74,12 @@ def test_the_exclude_check_restarts_dgls_pass_once_and_warns_once():
 
 def test_no_warning_when_the_blocks_hold_no_seed_edge_or_no_exclude_was_asked():
     clean = [edge_item([5, 6], [1, 9])]
+    leaky = [edge_item([5], [5])]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         source = DistLoaderSource(StandInDistLoader(clean, exclude="self"))
         assert one_pass(source) == clean
         assert source.seed_edges_kept == 0
-        leaky = [edge_item([5], [5])]
         plain = DistLoaderSource(StandInDistLoader(leaky, exclude=None))
         assert one_pass(plain) == leaky
         assert plain.seed_edges_kept is None  # nothing asked, nothing checked

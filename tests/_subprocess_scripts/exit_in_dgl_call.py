@@ -4,11 +4,11 @@ or a sampling RPC).
 
 Usage: ``python exit_in_dgl_call.py SCENARIO``:
 
-- ``plain``: exit while the producer is inside a 1.5 s call;
+- ``plain``: exit while the producer is inside a 3 s call;
 - ``local-loader-first``: the same, after a loader that takes no turns ran
   before DGL's exit hook was registered (as a loader used before
   ``dgl.distributed.initialize`` would);
-- ``closed-while-inside``: 3.5 s calls; ``loader.close()`` gives up on the
+- ``closed-while-inside``: 5 s calls; ``loader.close()`` gives up on the
   producer after 2 s (it is still inside the call), the loader and its epoch
   are dropped, then the interpreter exits.
 
@@ -16,7 +16,8 @@ An exit hook standing for DGL's ``exit_client`` -- registered where
 ``dgl.distributed.initialize`` would register it, before the loader that takes
 turns -- prints ``INSIDE_AT_DGL_EXIT <True|False>``: whether the producer was
 still inside the call then (DGL's hook sends through the same client). Prints
-``EXITING`` right before leaving.
+``INSIDE_AT_EXIT <True|False>`` (whether the producer is inside its call as the
+interpreter starts to exit) and ``EXITING`` right before leaving.
 """
 
 from __future__ import annotations
@@ -58,13 +59,16 @@ atexit.register(_dgl_like_exit_client)  # what dgl.distributed.initialize does
 # As in a process with a DGL RPC client: loaders made now take turns.
 _rpc.lock_for_process = lambda: _rpc.RPC_LOCK
 
-loader = PingPongLoader(SlowCalls(3.5 if scenario == "closed-while-inside" else 1.5),
+loader = PingPongLoader(SlowCalls(5.0 if scenario == "closed-while-inside" else 3.0),
                         torch.zeros(20, 3))
 it = iter(loader)
 next(it)
-time.sleep(0.2)  # the producer is inside its next call
+deadline = time.monotonic() + 10
+while not state["inside"] and time.monotonic() < deadline:  # its next call has begun
+    time.sleep(0.01)
 if scenario == "closed-while-inside":
     loader.close()  # waits 2 s for the producer, which stays inside its call
     del it, loader  # the epoch is gone; its producer is not
     gc.collect()
+print(f"INSIDE_AT_EXIT {state['inside']}", flush=True)  # else the test tests nothing
 print("EXITING", flush=True)
