@@ -195,15 +195,11 @@ def _end_all_epochs() -> None:
 
 
 def _wait_for_rpc_client(timeout: float) -> None:
-    """Wait until no producer is inside DGL's RPC client: take the turn, give it back
-    (a producer that gets the turn next sees its epoch ended and leaves)."""
-    lock = _rpc.RPC_LOCK
-    if (lock is None or not lock.locked() or on_pingpong_thread()
-            or _rpc._turn_holder == threading.get_ident()):  # this thread holds it
+    """Wait until no producer is inside DGL's RPC client
+    (:func:`pingpong._rpc.wait_until_no_turn`); a warning if one still is."""
+    if on_pingpong_thread():
         return
-    if lock.acquire(timeout=timeout):
-        lock.release()
-    else:
+    if not _rpc.wait_until_no_turn(timeout):
         logger.warning("pingpong: at exit, a thread was still inside DGL's RPC client "
                        "after %.0f s; DGL's own exit hook may now send at the same time",
                        timeout)

@@ -105,6 +105,19 @@ def holding(lock: threading.Lock | None, stop: threading.Event,
         lock.release()
 
 
+def wait_until_no_turn(timeout: float) -> bool:
+    """Wait until no other thread has the turn (take it, give it back: a producer that
+    gets it next sees its epoch ended and leaves); False if one still had it after
+    ``timeout`` s. Returns at once when there is no lock or this thread has the turn."""
+    lock = RPC_LOCK
+    if lock is None or not lock.locked() or _turn_holder == threading.get_ident():
+        return True
+    if not lock.acquire(timeout=timeout):
+        return False
+    lock.release()
+    return True
+
+
 def acquire(lock: threading.Lock, stop: threading.Event, poll_s: float) -> bool:
     """Take ``lock``, checking ``stop`` every ``poll_s`` s; False (not taken) once it is set."""
     while not lock.acquire(timeout=poll_s):

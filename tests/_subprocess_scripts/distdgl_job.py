@@ -549,13 +549,27 @@ def trainer_edge_labels(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
             "stats": stats, "local_id_ranges": id_ranges}
 
 
-def original_rows(part_dir: Path) -> tuple[torch.Tensor, Any]:
-    """(DGL's new-to-original node ids, the synthetic graph with the original tables)."""
-    orig_nid = torch.load(part_dir / "orig_nid.pt")
-    sg = make_synthetic_graph(num_nodes=SPEC.num_nodes, num_classes=SPEC.num_classes,
-                              feat_dim=SPEC.feat_dim, avg_degree=SPEC.avg_degree,
-                              seed=SPEC.seed)
-    return orig_nid, sg
+class AgainstOriginal:
+    """Checks batches against the original tables, through DGL's renumbering (the
+    partition's ``orig_nid.pt``); counts the checks and the wrong ones."""
+
+    def __init__(self, part_dir: Path) -> None:
+        self.orig_nid = torch.load(part_dir / "orig_nid.pt")
+        self.sg = make_synthetic_graph(num_nodes=SPEC.num_nodes, num_classes=SPEC.num_classes,
+                                       feat_dim=SPEC.feat_dim, avg_degree=SPEC.avg_degree,
+                                       seed=SPEC.seed)
+        self.checked = self.wrong = 0
+
+    def rows(self, x: torch.Tensor, ids: torch.Tensor) -> None:
+        """``x`` must be the original features of the (DistGraph) node ids ``ids``."""
+        self.wrong += not same_bits(x, self.sg.features[self.orig_nid[ids]])
+
+    def batch(self, batch: Any) -> None:
+        """A batch's ``x`` and ``y``, counted as one check."""
+        self.wrong += not (same_bits(batch.x, self.sg.features[self.orig_nid[batch.input_nodes]])
+                           and same_bits(batch.y,
+                                         self.sg.labels[self.orig_nid[batch.output_nodes]]))
+        self.checked += 1
 
 
 def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
@@ -568,18 +582,11 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
 
         _rpc.RPC_LOCK = None
     feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
-    orig_nid, sg = original_rows(part_dir)
+    truth = AgainstOriginal(part_dir)
+    check = truth.batch
     train = td.make_source(tr.g, tr.train_nids, FANOUTS, 16, shuffle=True)
     val = td.make_source(tr.g, tr.val_nids[:256], FANOUTS, 64, shuffle=False)
-    checked = wrong = 0
     errors: list[str] = []
-
-    def check(batch: Any) -> None:
-        nonlocal checked, wrong
-        wrong += not (same_bits(batch.x, sg.features[orig_nid[batch.input_nodes]])
-                      and same_bits(batch.y, sg.labels[orig_nid[batch.output_nodes]]))
-        checked += 1
-
     with pingpong.PingPongLoader(train, feat, label, device="cpu", timeout=60) as train_loader, \
             pingpong.PingPongLoader(val, feat, label, device="cpu", timeout=60) as val_loader:
         try:
@@ -605,13 +612,13 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
                 with (contextlib.nullcontext() if BREAK == "no-turn"
                       else pingpong.rpc_turn()):
                     pulled = feat[batch.output_nodes]
-                wrong += not same_bits(pulled, sg.features[orig_nid[batch.output_nodes]])
+                truth.rows(pulled, batch.output_nodes)
                 own_pulls += 1
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             errors.append(f"own pulls: {type(exc).__name__}: {exc}"[:300])
         val_batches, train_batches = len(val_loader), len(train_loader)
-    return {"checked": checked, "wrong": wrong, "errors": errors, "val_batches": val_batches,
-            "train_batches": train_batches, "own_pulls": own_pulls}
+    return {"checked": truth.checked, "wrong": truth.wrong, "errors": errors,
+            "val_batches": val_batches, "train_batches": train_batches, "own_pulls": own_pulls}
 
 
 def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
@@ -623,17 +630,10 @@ def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[st
     if BREAK == "no-drain":  # as before pingpong received DGL's abandoned batches
         DistLoaderSource.drop_abandoned_batches = lambda self: 0  # type: ignore[method-assign]
     feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
-    orig_nid, sg = original_rows(part_dir)
+    truth = AgainstOriginal(part_dir)
+    check = truth.batch
     source = td.make_source(tr.g, tr.train_nids, FANOUTS, 16, shuffle=True)
-    wrong = checked = 0
     whole = []
-
-    def check(batch: Any) -> None:
-        nonlocal checked, wrong
-        wrong += not (same_bits(batch.x, sg.features[orig_nid[batch.input_nodes]])
-                      and same_bits(batch.y, sg.labels[orig_nid[batch.output_nodes]]))
-        checked += 1
-
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
         for _ in range(3):
             for i, batch in enumerate(loader):
@@ -650,7 +650,8 @@ def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[st
                           "seeds_are_train_share": bool(torch.equal(
                               order.sort().values, tr.train_nids.sort().values))})
         dropped = loader._source.dropped_batches  # type: ignore[attr-defined]
-    return {"checked": checked, "wrong": wrong, "whole_epochs": whole, "dropped": dropped}
+    return {"checked": truth.checked, "wrong": truth.wrong, "whole_epochs": whole,
+            "dropped": dropped}
 
 
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
