@@ -610,7 +610,6 @@ class LoaderLifecycle(RuleBasedStateMachine):
         self.verifier: Verifier | None = None
         self.it: Any = None
         self.epochs_started = 0  # iter(loader) calls == iter(source) calls, in order
-        self.epoch = -1
         self.position = 0
         self.fail_at: int | None = None
         self.stale: list[Any] = []
@@ -626,10 +625,13 @@ class LoaderLifecycle(RuleBasedStateMachine):
 
     def _start(self, fail_at: int | None) -> None:
         assert self.loader is not None
-        self.epoch = self.epochs_started
         self.epochs_started += 1
         if fail_at is not None:
-            self.source.fail[self.epoch] = (fail_at, lambda: SamplerFault(fail_at))
+            # The source's next pass: an epoch ended before its producer started the
+            # source starts no pass, so passes and epochs need not be numbered alike.
+            # (Faults come only when no epoch runs: nothing else can start a pass.)
+            self.source.fail[len(self.source.order)] = (fail_at,
+                                                        lambda: SamplerFault(fail_at))
         self.it = iter(self.loader)
         self.position = 0
         self.fail_at = fail_at
@@ -659,7 +661,9 @@ class LoaderLifecycle(RuleBasedStateMachine):
                 self.it = None
                 return
             batch = next(self.it)
-            assert batch.blocks["seq"] == self.source.order[self.epoch][self.position]
+            # this epoch's pass is the source's latest: a new one starts only after
+            # iter(loader) retired this epoch
+            assert batch.blocks["seq"] == self.source.order[-1][self.position]
             self.verifier.submit(batch)
             self.position += 1
 
