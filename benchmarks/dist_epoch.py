@@ -96,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval(S) in the trainers (Python's default: 0.005): "
                         "how long a thread may hold the GIL while another waits for it")
+    p.add_argument("--no-sample-ahead", action="store_true",
+                   help="PingPongLoader(sample_ahead=False): the producer samples batch k+1 after "
+                        "handing batch k over (for an A/B run; default: before, as the "
+                        "loader does for row sources)")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help="timed kinds of epoch, comma-separated (a subset for profiling the "
                         "trainer from outside, e.g. with py-spy; the report needs all four)")
@@ -157,7 +161,8 @@ def trainer_main(args: argparse.Namespace) -> None:
     cache: list[Any] = []
     rows: list[dict[str, Any]] = []
 
-    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=300) as pp:
+    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=300,
+                                 sample_ahead=not args.no_sample_ahead) as pp:
         def epoch(kind: str) -> dict[str, Any]:
             before_pp, before_sync = dict(pp.stats), dict(sync.stats)
             cpu0, main0 = time.process_time(), time.thread_time()
@@ -301,12 +306,12 @@ def render(report: dict[str, Any]) -> str:
             thread_line += (
                 f"The machine has {report['machine']['logical_cores']} cores for "
                 f"{trainers} trainer process{'es' if trainers > 1 else ''} and the two "
-                "servers (whose CPU is not measured here); the trainer's two threads "
-                "mostly took turns rather than running side by side. Both run much Python "
-                + ("(the producer unpickles the sampler process's blocks and pulls the rows; "
-                   if samplers else "(DGL's distributed sampling in the producer; ")
-                + "DGL's message passing in the GraphSAGE step), and a thread runs Python "
-                "only while it holds the GIL -- the likely reason; not measured directly.")
+                "servers (their CPU is in the `machine` columns); the trainer's two threads "
+                "mostly took turns rather than running side by side. Not for the GIL: a "
+                "py-spy profile of this job (docs/benchmarks.rst, one trainer, no delay) "
+                "found a thread holding it about a quarter of the epoch, and the producer "
+                "waiting for the servers' replies most of the time -- replies that came "
+                "about half as fast as with nothing training beside them.")
         else:
             thread_line += (
                 "With as many trainer processes as cores (and the servers besides), the "
@@ -325,6 +330,8 @@ def render(report: dict[str, Any]) -> str:
            "reads the rows of the trainer's own partition in place and pulls the others"
            + ("; the ids split by DGL's part_policy per batch, not by the partition's id "
               "range" if s.get("no_id_range") else ""))
+        + ("; the producer samples batch k+1 after handing batch k over (no sample-ahead)"
+           if s.get("no_sample_ahead") else "")
         + (f"; GIL switch interval {s['switch_interval'] * 1e3:g} ms in the trainers "
            "(Python's default 5 ms)" if s.get("switch_interval") is not None else "")
         + f"); GraphSAGE hidden {s['hidden']}. Medians of "
@@ -429,7 +436,8 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                      for k, v in vars(args).items()
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
                               "hidden", "delays_ms", "rounds", "trainers", "samplers",
-                              "no_local_rows", "no_id_range", "switch_interval")},
+                              "no_local_rows", "no_id_range", "switch_interval",
+                              "no_sample_ahead")},
         "steps_per_epoch": result["steps_per_epoch"],
         "train_nodes_per_trainer": result["train_nodes_per_trainer"],
         "summary": summary, "judged": judged,

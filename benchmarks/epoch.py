@@ -95,9 +95,9 @@ class PrefetchBatches:
 
 
 def make_source(data: ts.Dataset, args: argparse.Namespace, idx: torch.Tensor,
-                batch_size: int, shuffle: bool) -> Any:
+                batch_size: int, shuffle: bool, use_ddp: bool = False) -> Any:
     if not getattr(args, "dgl_prefetch", False):
-        return ORIGINAL_MAKE_SOURCE(data, args, idx, batch_size, shuffle)
+        return ORIGINAL_MAKE_SOURCE(data, args, idx, batch_size, shuffle, use_ddp)
     import dgl
 
     g = data.sampling_graph("dgl")
@@ -105,7 +105,8 @@ def make_source(data: ts.Dataset, args: argparse.Namespace, idx: torch.Tensor,
     sampler = dgl.dataloading.NeighborSampler(args.fanouts, prefetch_node_feats=["feat"],
                                               prefetch_labels=["label"])
     return dgl.dataloading.DataLoader(g, idx, sampler, batch_size=batch_size, shuffle=shuffle,
-                                      drop_last=False, num_workers=args.num_workers)
+                                      drop_last=False, num_workers=args.num_workers,
+                                      use_ddp=use_ddp)
 
 
 def make_loader(source: Any, data: ts.Dataset, args: argparse.Namespace,

@@ -75,6 +75,7 @@ class Epoch:
         cache: FeatureCache | None = None,
         health: Callable[[], None] | None = None,
         rpc_lock: threading.Lock | None = None,
+        sample_ahead: bool = False,
     ) -> None:
         self.device = device
         self.health = health
@@ -115,6 +116,7 @@ class Epoch:
                 cache,
                 health,
                 rpc_lock,
+                sample_ahead,
             ),
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,

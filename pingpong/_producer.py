@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,54 @@ def _take_free_slot(
     return None
 
 
+@dataclass
+class _Prepared:
+    """One batch sampled and checked, not yet fetched or gathered (``*_s``: its timings)."""
+
+    plan: ItemPlan
+    x_ids: TableIds
+    y_ids: TableIds
+    graphs: list[Any]
+    sample_s: float
+    validate_s: float
+
+
+class _Stopped:
+    """:func:`_prepare_next`'s answer when the epoch ended (``stop``) before the source step."""
+
+
+_STOPPED = _Stopped()
+
+
+def _prepare_next(
+    iterator: Iterator[Any], seq: int, store: FeatureStore, reader: ItemReader,
+    device: Device, stop: threading.Event, poll_s: float,
+    health: Callable[[], None] | None, rpc_lock: threading.Lock | None,
+) -> _Prepared | _Stopped | None:
+    """Take the source's next item (holding the RPC turn, after ``health``), read and
+    check its ids, place its graphs: the batch's :class:`_Prepared`, None when the
+    source is exhausted, or ``_STOPPED``."""
+    t0 = time.perf_counter()
+    if health is not None:
+        health()
+    with _rpc.holding(rpc_lock, stop, poll_s) as held:
+        if not held or stop.is_set():  # no source step for an ended epoch
+            return _STOPPED
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return None
+        t1 = time.perf_counter()
+        plan = reader.read(item, seq)
+        x_ids, y_ids = batch_ids(
+            store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
+            plan.label_ids_name,
+        )
+        graphs = place_graphs(plan.graphs, device.torch_device)
+    return _Prepared(plan, x_ids, y_ids, graphs, sample_s=t1 - t0,
+                     validate_s=time.perf_counter() - t1)
+
+
 def produce(
     source: Iterable[Any],
     store: FeatureStore,
@@ -88,11 +136,22 @@ def produce(
     cache: FeatureCache | None = None,
     health: Callable[[], None] | None = None,
     rpc_lock: threading.Lock | None = None,
+    sample_ahead: bool = False,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
-    With ``rpc_lock`` (:mod:`pingpong._rpc`), starting the source's iterator and
-    each batch's source step and row-source fetches happen while holding it.
+    Per batch: the source step (sampling) and the id checks, the row-source
+    fetches, a free slot, the gather into it, the hand-off.  With
+    ``sample_ahead`` the source step of batch k+1 runs *before* batch k is
+    handed off, so what follows a hand-off -- while the training step runs on
+    it -- is batch k+1's fetches and gather (waits for a server, kernels that
+    release the GIL), not sampling, which in Python competes with the training
+    step for the GIL.  Batch k then waits for that source step; a source
+    that fails at k+1 still delivers batch k first.
+
+    With ``rpc_lock`` (:mod:`pingpong._rpc`), starting the source's iterator, each
+    source step (with its id checks) and each batch's row-source fetches happen
+    while holding it.
 
     With a hot-row ``cache`` (:mod:`pingpong.cache`), each fill first tells it
     the batch's feature ids (counted in the first epoch, looked up after).
@@ -110,6 +169,11 @@ def produce(
     """
     seq = 0
     cpu_mark = time.thread_time()
+
+    def prepare(index: int) -> _Prepared | _Stopped | None:
+        return _prepare_next(iterator, index, store, reader, device, stop, poll_s, health,
+                             rpc_lock)
+
     try:
         try:
             with write_lock:  # like a fill: a closing loader waits for it
@@ -120,28 +184,16 @@ def produce(
                 if not held or stop.is_set():
                     return
                 iterator = iter(source)
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                if health is not None:
-                    health()
+            pending = prepare(seq)
+            while isinstance(pending, _Prepared) and not stop.is_set():
+                batch = pending
+                t2 = time.perf_counter()
                 with _rpc.holding(rpc_lock, stop, poll_s) as held:
-                    if not held or stop.is_set():  # no source step for an ended epoch
+                    if not held or stop.is_set():
                         return
-                    try:
-                        item = next(iterator)
-                    except StopIteration:
-                        break
-                    t1 = time.perf_counter()
-                    plan = reader.read(item, seq)
-                    x_ids, y_ids = batch_ids(
-                        store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
-                        plan.label_ids_name,
-                    )
-                    graphs = place_graphs(plan.graphs, device.torch_device)
-                    t2 = time.perf_counter()
-                    fetched = _fetch_remote(store, x_ids, y_ids, device.supports_local_rows,
-                                            health)
-                    t_fetched = time.perf_counter()
+                    fetched = _fetch_remote(store, batch.x_ids, batch.y_ids,
+                                            device.supports_local_rows, health)
+                t_fetched = time.perf_counter()
                 slot = _take_free_slot(free_q, stop, poll_s)
                 if slot is None:
                     return
@@ -149,28 +201,39 @@ def produce(
                 with write_lock:
                     if stop.is_set():
                         return
-                    cache_counts = cache.on_fill(x_ids) if cache is not None else {}
-                    delivery = _fill(slot, store, device, x_ids, y_ids, fetched, plan, graphs)
+                    cache_counts = cache.on_fill(batch.x_ids) if cache is not None else {}
+                    delivery = _fill(slot, store, device, batch.x_ids, batch.y_ids, fetched,
+                                     batch.plan, batch.graphs)
                 t4 = time.perf_counter()
+                failed: BaseException | None = None
+                if sample_ahead:
+                    try:
+                        pending = prepare(seq + 1)
+                    except BaseException as exc:  # noqa: BLE001 - after batch k's hand-off
+                        failed = exc
                 ready_q.put(delivery)
                 cpu_now = time.thread_time()
                 stats.add(
                     **cache_counts,
                     producer_cpu_s=cpu_now - cpu_mark,
-                    sample_s=t1 - t0,  # with any wait for the RPC lock
-                    validate_s=t2 - t1,
+                    sample_s=batch.sample_s,  # with any wait for the RPC lock
+                    validate_s=batch.validate_s,
                     fetch_s=t_fetched - t2,
                     gather_s=t4 - t3,
-                    rows_gathered=_input_rows(store, x_ids),
+                    rows_gathered=_input_rows(store, batch.x_ids),
                     **_fetched_counts(fetched),
-                    bytes_gathered=(_bytes(store.tables, x_ids)
-                                    + _bytes(store.label_tables, y_ids)),
+                    bytes_gathered=(_bytes(store.tables, batch.x_ids)
+                                    + _bytes(store.label_tables, batch.y_ids)),
                 )
                 cpu_mark = cpu_now
                 seq += 1
+                if failed is not None:
+                    raise failed
+                if not sample_ahead:
+                    pending = prepare(seq)
         finally:  # the CPU since the last delivery: the source's last step, a failure...
             stats.add(producer_cpu_s=time.thread_time() - cpu_mark)
-        if not stop.is_set():
+        if pending is None and not stop.is_set():
             ready_q.put(EndOfEpoch(seq))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
         if hasattr(exc, "add_note"):

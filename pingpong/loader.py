@@ -19,7 +19,7 @@ from .devices import Device, make_device
 from .errors import ConfigError
 from .forms import FormCallable, ItemReader
 from .forms._dgl_dist import restartable_dgl_loader
-from .rowsource import RowSource
+from .rowsource import RemoteTable, RowSource
 from .serverwatch import ServerWatch, dgl_server_watch
 from .slots import Slot, make_slots
 from .stats import LoaderStats
@@ -111,6 +111,18 @@ class PingPongLoader(Iterable[Any]):
             also watches the connections to the DGL servers by itself
             (:mod:`pingpong.serverwatch`): a dead server raises
             :class:`~pingpong.errors.ServerGoneError`.
+        sample_ahead: the producer takes batch k+1 from the source (samples it)
+            *before* it hands batch k over, so that while the training step
+            runs on batch k the producer is in batch k+1's row fetches and
+            gather (waits for a server, kernels that release the GIL) rather
+            than in sampling, which competes with the step for the GIL and
+            the cores.  The price: batch k waits for batch k+1's sampling (the
+            first batch comes one sampling later), and a source stuck at batch
+            k+1 holds batch k back (``timeout=`` then counts from batch k).  A
+            source that raises at k+1 still delivers batch k first.
+            ``None`` (default): on when a feature or label table is a row
+            source (e.g. a ``DistTensor``: its fetch is a wait), off for host
+            tensors only.  ``loader.sample_ahead`` says which.
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -139,6 +151,7 @@ class PingPongLoader(Iterable[Any]):
         cache_bytes: int = 0,
         hot_ids: torch.Tensor | None = None,
         health_check: Callable[[], None] | None = None,
+        sample_ahead: bool | None = None,
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
@@ -165,10 +178,14 @@ class PingPongLoader(Iterable[Any]):
             )
         if health_check is not None and not callable(health_check):
             raise ConfigError(f"health_check must be a callable, got {health_check!r}")
+        if sample_ahead is not None and not isinstance(sample_ahead, bool):
+            raise ConfigError(f"sample_ahead must be None, True or False, got {sample_ahead!r}")
         self._source = source
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
         )
+        self._sample_ahead = (any(isinstance(t, RemoteTable) for t in self._store.all_tables)
+                              if sample_ahead is None else sample_ahead)
         reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form)
         table_bytes = sum(t.nbytes_local for t in self._store.all_tables)
         self._device: Device = make_device(
@@ -209,6 +226,7 @@ class PingPongLoader(Iterable[Any]):
             health=health,
             # DGL's RPC client is one per process and not thread-safe: producers take turns
             rpc_lock=_rpc.lock_for_process(),
+            sample_ahead=self._sample_ahead,
         )
         cache, device = self._cache, self._device
 
@@ -279,6 +297,12 @@ class PingPongLoader(Iterable[Any]):
     @property
     def num_buffers(self) -> int:
         return len(self._slots)
+
+    @property
+    def sample_ahead(self) -> bool:
+        """Whether the producer samples batch k+1 before handing batch k over
+        (``sample_ahead=None`` resolved)."""
+        return self._sample_ahead
 
     @property
     def stats(self) -> dict[str, Any]:

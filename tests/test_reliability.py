@@ -618,8 +618,9 @@ class LoaderLifecycle(RuleBasedStateMachine):
     def _open_loader(self) -> None:
         self.seed += 1
         device = FakeAsyncDevice(seed=self.seed, max_delay_s=0.002, host_jitter_s=0.0005)
-        self.loader = PingPongLoader(
-            self.source, self.features, self.labels, device=device, timeout=20
+        self.loader = PingPongLoader(  # both producer orders, loader by loader
+            self.source, self.features, self.labels, device=device, timeout=20,
+            sample_ahead=self.seed % 2 == 0,
         )
         self.verifier = Verifier(device, self.expected, stream_sleep_s=0.001)
 
