@@ -241,7 +241,23 @@ def produce(
                 f"(raised in pingpong thread {threading.current_thread().name!r} "
                 f"while preparing batch {seq}; re-raised in the training loop)"
             )
+        _note_health(exc, health)
         ready_q.put(Failure(exc))
+
+
+def _note_health(exc: BaseException, health: Callable[[], None] | None) -> None:
+    """If ``health`` fails now, add what it says to ``exc`` as a note: the likely cause of
+    a failure that surfaced elsewhere first (a DGL sampler process whose server died
+    ends in ``ConnectionResetError``).  ``exc`` keeps its type; nothing is noted when
+    ``health`` passes or says what ``exc`` says."""
+    if health is None or not hasattr(exc, "add_note"):
+        return
+    try:
+        health()
+    except Exception as problem:  # noqa: BLE001 - whatever it raises is the diagnosis
+        if type(problem) is not type(exc) or str(problem) != str(exc):
+            exc.add_note(f"(pingpong's health check fails now, the likely cause: "
+                         f"{type(problem).__name__}: {problem})")
 
 
 def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:

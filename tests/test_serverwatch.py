@@ -424,3 +424,41 @@ def test_the_watch_is_built_from_dgls_server_namebook(
     assert any("no established TCP connection to DGL server 0 (127.0.0.1:9)" in m
                for m in messages), messages
     assert any("reading DGL's client failed" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("server_dead", [True, False])
+def test_a_source_failure_carries_the_checks_diagnosis_as_a_note(server_dead: bool) -> None:
+    """A DGL sampler process whose server died ends in ConnectionResetError in the trainer:
+    that exception reaches the loop unchanged, and says what the check says now."""
+    dead = threading.Event()
+
+    class Source:
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+            items = triples(6)
+            yield from items[:2]
+            if server_dead:
+                dead.set()
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+    def check() -> None:
+        if dead.is_set():
+            raise Dead("server 3 is gone")
+
+    loader = pingpong.PingPongLoader(Source(), torch.randn(50, 3), health_check=check)
+    with pytest.raises(ConnectionResetError, match="reset by peer") as caught:
+        list(loader)
+    loader.close()
+    diagnosis = [n for n in getattr(caught.value, "__notes__", []) if "health check" in n]
+    assert diagnosis == (["(pingpong's health check fails now, the likely cause: Dead: "
+                          "server 3 is gone)"] if server_dead else [])
+
+
+def test_a_failing_check_is_not_noted_twice() -> None:
+    def check() -> None:
+        raise Dead("server 3 is gone")
+
+    loader = pingpong.PingPongLoader(triples(3), torch.randn(50, 3), health_check=check)
+    with pytest.raises(Dead) as caught:
+        list(loader)
+    loader.close()
+    assert not [n for n in getattr(caught.value, "__notes__", []) if "health check" in n]

@@ -72,6 +72,10 @@ Modes (what a trainer does):
 ``server-kill-random``
     ``server-kill`` at whatever moment rank 0 is three steps into the second
     epoch; the step takes ``PINGPONG_DISTDGL_STEP_S`` seconds (default 0.2).
+``server-kill-samplers``
+    ``server-kill`` with one DGL sampler process per trainer: the sampling
+    (and its RPCs) runs in that process, the producer only receives its
+    batches and pulls the rows.
 
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
 ``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
@@ -343,7 +347,7 @@ def watched_servers(loader: pingpong.PingPongLoader) -> list[str] | None:
 def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
     source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
-    if MODE == "server-kill":
+    if MODE in PARKED_KILL_MODES:
         source = ParkAt(source, out, tr.rank, epoch=1, at=3)
     step_s = float(os.environ.get("PINGPONG_DISTDGL_STEP_S", "0.2"))
     model, opt = ddp_model(feat.shape[1])
@@ -368,7 +372,8 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
         except BaseException as exc:  # noqa: BLE001 - recorded for the test
             record.update(exception=type(exc).__name__, module=type(exc).__module__,
                           is_batch_timeout=isinstance(exc, pingpong.BatchTimeoutError),
-                          message=str(exc)[:2000], at=time.time(), steps=steps)
+                          message=str(exc)[:2000], at=time.time(), steps=steps,
+                          notes=[str(n)[:500] for n in getattr(exc, "__notes__", [])])
             write_json(out / f"rank{tr.rank}.json", record)
             sys.stdout.flush()
             os._exit(3)  # DGL's exit hook would wait for the lost server
@@ -432,7 +437,9 @@ def edge_label_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]
 
 HETERO_NODES = {"paper": 3000, "author": 2000}
 #: Modes with one DGL sampler process per trainer.
-SAMPLER_MODES = ("equal-samplers", "break-samplers")
+SAMPLER_MODES = ("equal-samplers", "break-samplers", "server-kill-samplers")
+#: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
+PARKED_KILL_MODES = ("server-kill", "server-kill-samplers")
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
 
 
@@ -660,6 +667,7 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "hetero-equal": trainer_hetero_equal,
             "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
+            "server-kill-samplers": trainer_server_loss,
             "server-stop": trainer_server_loss}
 
 
@@ -722,13 +730,13 @@ def wait_for_trainers(cluster: td.LocalCluster, mode: str, out: Path,
     while True:
         now = time.monotonic()
         parked = all((out / f"parked-{p.index}").exists() for p in cluster.trainers)
-        ready = parked if mode == "server-kill" else (out / "mid-epoch").exists()
+        ready = parked if mode in PARKED_KILL_MODES else (out / "mid-epoch").exists()
         if (disturbed_at is None and mode.startswith("server-") and BREAK != "no-signal"
                 and ready):
             sig = signal.SIGSTOP if mode == "server-stop" else signal.SIGKILL
             victim = cluster.servers[1].popen
             os.kill(victim.pid, sig)
-            if mode == "server-kill":
+            if mode in PARKED_KILL_MODES:
                 victim.wait(10)  # gone, its sockets closed: then the producers go on
                 (out / "resume").touch()
             disturbed_at = now
