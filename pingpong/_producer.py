@@ -241,23 +241,29 @@ def produce(
                 f"(raised in pingpong thread {threading.current_thread().name!r} "
                 f"while preparing batch {seq}; re-raised in the training loop)"
             )
-        _note_health(exc, health)
-        ready_q.put(Failure(exc))
+        ready_q.put(Failure(_diagnosed(exc, health)))
 
 
-def _note_health(exc: BaseException, health: Callable[[], None] | None) -> None:
-    """If ``health`` fails now, add what it says to ``exc`` as a note: the likely cause of
-    a failure that surfaced elsewhere first (a DGL sampler process whose server died
-    ends in ``ConnectionResetError``).  ``exc`` keeps its type; nothing is noted when
-    ``health`` passes or says what ``exc`` says."""
-    if health is None or not hasattr(exc, "add_note"):
-        return
+def _diagnosed(exc: BaseException, health: Callable[[], None] | None) -> BaseException:
+    """What the training loop gets for the producer's failure ``exc``: what ``health``
+    raises now, with ``exc`` as its ``__cause__``, if it fails with something else --
+    the likely cause of a failure that surfaced elsewhere first (a DGL sampler process
+    whose server died: the trainer's read from it raises ``ConnectionResetError`` or
+    ``EOFError``, the server watch ``ServerGoneError``) -- else ``exc`` itself.
+    ``KeyboardInterrupt`` and other non-``Exception`` s are never replaced."""
+    if health is None or not isinstance(exc, Exception):
+        return exc
     try:
         health()
     except Exception as problem:  # noqa: BLE001 - whatever it raises is the diagnosis
         if type(problem) is not type(exc) or str(problem) != str(exc):
-            exc.add_note(f"(pingpong's health check fails now, the likely cause: "
-                         f"{type(problem).__name__}: {problem})")
+            problem.__cause__ = exc
+            if hasattr(problem, "add_note"):
+                problem.add_note(
+                    f"(pingpong's health check failed after the producer's "
+                    f"{type(exc).__name__}, shown above as its cause)")
+            return problem
+    return exc
 
 
 def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:

@@ -52,7 +52,10 @@ exception                          raised when
 Exceptions raised by the *source* (the sampler) or inside the producer thread
 are not wrapped: the consumer re-raises the original exception object, whose
 traceback still holds the producer's frames, with a note saying it crossed
-threads.
+threads.  One exception: if the loader's health check (``health_check=``, the
+DistDGL server watch) fails right after such a failure, the training loop gets
+the check's exception (e.g. :class:`ServerGoneError`) with the original as its
+``__cause__`` -- the dead server is the likely cause of the failure.
 """
 
 from __future__ import annotations

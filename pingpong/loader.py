@@ -106,7 +106,9 @@ class PingPongLoader(Iterable[Any]):
             connection).  It is called on the producer thread before every
             step of the source and every row-source fetch, and on the
             training thread every 50 ms while ``next()`` waits; what it raises
-            ends the epoch and reaches the training loop.  In a DistDGL
+            ends the epoch and reaches the training loop -- also when the
+            source or a fetch failed first and the check fails right after
+            (the failure is then its ``__cause__``).  In a DistDGL
             client process (after ``dgl.distributed.initialize``) the loader
             also watches the connections to the DGL servers by itself
             (:mod:`pingpong.serverwatch`): a dead server raises

@@ -27,9 +27,9 @@ A failed check raises :class:`~pingpong.errors.ServerGoneError` (a
 ``ConnectionError``), which ends the epoch and reaches the training loop.
 When the epoch fails in some other way first -- with DGL sampler processes,
 DGL aborts the sampler process at its send to the dead server and the
-trainer's read from it raises ``ConnectionResetError`` -- the producer runs the
-check once more and adds what it finds to that exception as a note (the
-exception keeps its type).
+trainer's read from it raises ``ConnectionResetError`` or ``EOFError`` -- the
+producer runs the check once more, and if it fails the training loop gets its
+``ServerGoneError`` with that failure as its ``__cause__``.
 
 What it cannot see: a server whose *machine* vanished without closing the
 connection (power loss, a cut cable) stays ``ESTABLISHED`` until TCP gives up;

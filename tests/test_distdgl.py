@@ -348,16 +348,14 @@ def test_server_killed_mid_epoch_raises_server_gone_in_every_training_loop(
         log = (tmp_path / f"trainer-{rank}.log").read_text(errors="replace")
         assert end["returncode"] == 3, f"trainer {rank}: {end['exit']}\n{log[-2000:]}"
         report = ranks[int(rank)]
-        if mode == "server-kill-samplers" and report["exception"] != "ServerGoneError":
-            # The sampler process died first (DGL aborts it at its send to the lost
-            # server) and the trainer's read from it failed: that exception, with the
-            # server watch's diagnosis as a note.
-            assert report["exception"] in ("ConnectionResetError", "EOFError"), report
-            assert any("health check fails now, the likely cause: ServerGoneError: "
-                       "DGL server 1 at 127.0.0.1:" in n for n in report["notes"]), report
-        else:
-            assert report["exception"] == "ServerGoneError", report
-            assert report["message"].startswith("DGL server 1 at 127.0.0.1:")
+        assert report["exception"] == "ServerGoneError", report
+        assert report["message"].startswith("DGL server 1 at 127.0.0.1:")
+        # With sampler processes DGL aborts the sampler process at its send to the
+        # lost server, and the trainer's read from it often fails before the watch
+        # sees the server gone: that failure is kept as the cause.
+        causes = (None,) if mode == "server-kill" else (None, "ConnectionResetError",
+                                                        "EOFError")
+        assert report["cause"] in causes, report
         assert end["after_disturbance_s"] < 5.0  # the watch, not timeout= (15 s)
         assert report["steps"] > 0
         assert [w.split(" 127.0.0.1:")[0] for w in report["watched"]] == [

@@ -373,7 +373,8 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
             record.update(exception=type(exc).__name__, module=type(exc).__module__,
                           is_batch_timeout=isinstance(exc, pingpong.BatchTimeoutError),
                           message=str(exc)[:2000], at=time.time(), steps=steps,
-                          notes=[str(n)[:500] for n in getattr(exc, "__notes__", [])])
+                          cause=(None if exc.__cause__ is None
+                                 else type(exc.__cause__).__name__))
             write_json(out / f"rank{tr.rank}.json", record)
             sys.stdout.flush()
             os._exit(3)  # DGL's exit hook would wait for the lost server
