@@ -11,6 +11,7 @@ timeout: every wait polls ``stop`` every ``poll_s`` seconds.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -94,7 +95,7 @@ _STOPPED = _Stopped()
 
 
 def _prepare_next(
-    iterator: Iterator[Any], seq: int, store: FeatureStore, reader: ItemReader,
+    iterator: Iterator[Any], seq: int, *, store: FeatureStore, reader: ItemReader,
     device: Device, stop: threading.Event, poll_s: float,
     health: Callable[[], None] | None, rpc_lock: threading.Lock | None,
 ) -> _Prepared | _Stopped | None:
@@ -169,11 +170,7 @@ def produce(
     """
     seq = 0
     cpu_mark = time.thread_time()
-
-    def prepare(index: int) -> _Prepared | _Stopped | None:
-        return _prepare_next(iterator, index, store, reader, device, stop, poll_s, health,
-                             rpc_lock)
-
+    check = None if health is None else _TrackedCheck(health)
     try:
         try:
             with write_lock:  # like a fill: a closing loader waits for it
@@ -184,6 +181,9 @@ def produce(
                 if not held or stop.is_set():
                     return
                 iterator = iter(source)
+            prepare = functools.partial(_prepare_next, iterator, store=store, reader=reader,
+                                        device=device, stop=stop, poll_s=poll_s,
+                                        health=check, rpc_lock=rpc_lock)
             pending = prepare(seq)
             while isinstance(pending, _Prepared) and not stop.is_set():
                 batch = pending
@@ -192,7 +192,7 @@ def produce(
                     if not held or stop.is_set():
                         return
                     fetched = _fetch_remote(store, batch.x_ids, batch.y_ids,
-                                            device.supports_local_rows, health)
+                                            device.supports_local_rows, check)
                 t_fetched = time.perf_counter()
                 slot = _take_free_slot(free_q, stop, poll_s)
                 if slot is None:
@@ -228,7 +228,10 @@ def produce(
                 cpu_mark = cpu_now
                 seq += 1
                 if failed is not None:
-                    raise failed
+                    try:
+                        raise failed
+                    finally:
+                        failed = None  # no frame -> exception -> traceback -> frame cycle
                 if not sample_ahead:
                     pending = prepare(seq)
         finally:  # the CPU since the last delivery: the source's last step, a failure...
@@ -241,29 +244,57 @@ def produce(
                 f"(raised in pingpong thread {threading.current_thread().name!r} "
                 f"while preparing batch {seq}; re-raised in the training loop)"
             )
-        ready_q.put(Failure(_diagnosed(exc, health)))
+        ready_q.put(Failure(exc if check is None else check.diagnosed(exc)))
 
 
-def _diagnosed(exc: BaseException, health: Callable[[], None] | None) -> BaseException:
-    """What the training loop gets for the producer's failure ``exc``: what ``health``
-    raises now, with ``exc`` as its ``__cause__``, if it fails with something else --
-    the likely cause of a failure that surfaced elsewhere first (a DGL sampler process
-    whose server died: the trainer's read from it raises ``ConnectionResetError`` or
-    ``EOFError``, the server watch ``ServerGoneError``) -- else ``exc`` itself.
-    ``KeyboardInterrupt`` and other non-``Exception`` s are never replaced."""
-    if health is None or not isinstance(exc, Exception):
-        return exc
-    try:
-        health()
-    except Exception as problem:  # noqa: BLE001 - whatever it raises is the diagnosis
-        if type(problem) is not type(exc) or str(problem) != str(exc):
+class _TrackedCheck:
+    """The loader's health check on the producer thread; remembers the exception it
+    raised, so that a failure that *is* the check's is not diagnosed by it again.
+
+    The check should raise a new exception object each time (:meth:`diagnosed` sets
+    the ``__cause__`` of what it raises).
+    """
+
+    def __init__(self, health: Callable[[], None]) -> None:
+        self._health = health
+        self._raised: BaseException | None = None
+
+    def __call__(self) -> None:
+        try:
+            self._health()
+        except BaseException as exc:
+            self._raised = exc
+            raise
+
+    def diagnosed(self, exc: BaseException) -> BaseException:
+        """What the training loop gets for the producer's failure ``exc``: what the
+        check raises now, with ``exc`` as its ``__cause__``, if it fails -- the likely
+        cause of a failure that surfaced elsewhere first (a DGL sampler process whose
+        server died: the trainer's read from it raises ``ConnectionResetError`` or
+        ``EOFError``; the server watch, ``ServerGoneError``) -- else ``exc`` itself.
+        ``exc`` is kept when it came from the check, or says what the check says
+        (the server watch also raises from inside DGL's send), or is not an
+        ``Exception`` (``KeyboardInterrupt``...), or the check raises no ``Exception``."""
+        if exc is self._raised or not isinstance(exc, Exception):
+            return exc
+        try:
+            self._health()
+        except BaseException as problem:  # noqa: BLE001 - whatever it raises is the diagnosis
+            if not isinstance(problem, Exception) or _same(problem, exc):
+                return exc
             problem.__cause__ = exc
+            problem.__suppress_context__ = True
             if hasattr(problem, "add_note"):
                 problem.add_note(
                     f"(pingpong's health check failed after the producer's "
                     f"{type(exc).__name__}, shown above as its cause)")
             return problem
-    return exc
+        return exc
+
+
+def _same(a: BaseException, b: BaseException) -> bool:
+    """The same diagnosis: one type, one message."""
+    return type(a) is type(b) and str(a) == str(b)
 
 
 def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:

@@ -46,7 +46,7 @@ def rpc_turn() -> Iterator[None]:
             ...
 
     The block waits until the producer that holds the client finishes its current
-    step (one source step and its pulls), and producers wait for the block.
+    step (one source step, or one batch's pulls), and producers wait for the block.
     Inside it, do not ask a DistDGL loader for a batch (``next()`` raises
     :class:`~pingpong.RpcTurnError`: its producer could never take its turn) and
     do not wait for anything that waits for a producer. A thread that already has

@@ -108,7 +108,9 @@ class PingPongLoader(Iterable[Any]):
             training thread every 50 ms while ``next()`` waits; what it raises
             ends the epoch and reaches the training loop -- also when the
             source or a fetch failed first and the check fails right after
-            (the failure is then its ``__cause__``).  In a DistDGL
+            (the failure is then its ``__cause__``; so raise a new exception
+            object each time, and keep the check fast: a failure waits for
+            it once more).  In a DistDGL
             client process (after ``dgl.distributed.initialize``) the loader
             also watches the connections to the DGL servers by itself
             (:mod:`pingpong.serverwatch`): a dead server raises

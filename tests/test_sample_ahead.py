@@ -10,10 +10,12 @@ a source stuck at k+1 holds batch k back until it returns, and the default
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 import torch
+from conftest import wait_for_no_pingpong_threads
 from test_reliability import Expected, SeqSource, Verifier, make_table, seq_triples
 from test_rowsource import Rows
 
@@ -115,10 +117,30 @@ def test_a_source_stuck_at_batch_k_plus_1_holds_batch_k_back_until_it_returns():
             next(iter(loader))  # batch 0 is ready, but waits for item 1
         stuck.gate.set()
     slow = GatedAtOne(triples)
+    opener = threading.Timer(0.3, slow.gate.set)
     with PingPongLoader(slow, features, labels, sample_ahead=True, timeout=None) as loader:
-        threading.Timer(0.3, slow.gate.set).start()
+        opener.start()
         seqs = [b.blocks["seq"] for b in loader]  # nothing lost, only later
+    opener.join()
     assert seqs == list(range(BATCHES))
+
+
+def test_close_from_another_thread_while_the_producer_samples_ahead():
+    """next() waits for batch 0, which waits for the stuck look-ahead: close() from
+    another thread ends the wait at once, and the producer leaves once the source
+    returns."""
+    triples, features, labels = tables()
+    stuck = GatedAtOne(triples)
+    loader = PingPongLoader(stuck, features, labels, sample_ahead=True, timeout=None)
+    closer = threading.Timer(0.3, loader.close)
+    closer.start()
+    start = time.monotonic()
+    with pytest.raises(pingpong.LoaderClosedError):
+        next(iter(loader))
+    assert time.monotonic() - start < 5.0
+    closer.join()
+    stuck.gate.set()
+    assert wait_for_no_pingpong_threads(5.0) == []
 
 
 def test_the_default_is_on_for_row_sources_and_off_for_host_tables():

@@ -426,11 +426,17 @@ def test_the_watch_is_built_from_dgls_server_namebook(
     assert any("reading DGL's client failed" in m for m in messages), messages
 
 
+def on_a_producer_thread() -> bool:
+    return threading.current_thread().name.startswith("pingpong-producer")
+
+
 @pytest.mark.parametrize("server_dead", [True, False])
 def test_a_source_failure_while_the_check_fails_becomes_the_checks_error(
         server_dead: bool) -> None:
     """A DGL sampler process whose server died ends in ConnectionResetError in the trainer:
-    the loop gets what the check says (ServerGoneError there), caused by that error."""
+    the loop gets what the check says (ServerGoneError there), caused by that error.
+    (The check fails only on the producer thread: the training thread's own polls
+    while next() waits would otherwise raise it first, uncaused.)"""
     dead = threading.Event()
 
     class Source:
@@ -442,27 +448,56 @@ def test_a_source_failure_while_the_check_fails_becomes_the_checks_error(
             raise ConnectionResetError(104, "Connection reset by peer")
 
     def check() -> None:
-        if dead.is_set():
+        if dead.is_set() and on_a_producer_thread():
             raise Dead("server 3 is gone")
 
-    loader = pingpong.PingPongLoader(Source(), torch.randn(50, 3), health_check=check)
-    with pytest.raises((Dead, ConnectionResetError)) as caught:
-        list(loader)
-    loader.close()
+    with pingpong.PingPongLoader(Source(), torch.randn(50, 3), health_check=check) as loader:
+        with pytest.raises((Dead, ConnectionResetError)) as caught:
+            list(loader)
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
     if server_dead:
         assert type(caught.value) is Dead
         assert isinstance(caught.value.__cause__, ConnectionResetError)
+        assert "health check failed after the producer's ConnectionResetError" in notes
+        assert "raised in pingpong thread" in "\n".join(caught.value.__cause__.__notes__)
     else:
         assert type(caught.value) is ConnectionResetError
         assert caught.value.__cause__ is None
+        assert "raised in pingpong thread" in notes
 
 
-def test_a_failing_check_is_not_its_own_cause() -> None:
+@pytest.mark.parametrize("message", ["fixed", "changing"])
+def test_a_failing_check_is_not_its_own_cause(message: str) -> None:
+    calls = []
+
     def check() -> None:
-        raise Dead("server 3 is gone")
+        if on_a_producer_thread():
+            calls.append(1)
+            raise Dead("server 3 is gone" + (f" (call {len(calls)})" if message == "changing"
+                                              else ""))
 
-    loader = pingpong.PingPongLoader(triples(3), torch.randn(50, 3), health_check=check)
-    with pytest.raises(Dead) as caught:
-        list(loader)
-    loader.close()
+    with pingpong.PingPongLoader(triples(3), torch.randn(50, 3), health_check=check) as loader:
+        with pytest.raises(Dead, match="server 3 is gone") as caught:
+            list(loader)
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "raised in pingpong thread" in notes  # the producer's failure, not a poll's
+    assert "health check failed after" not in notes
     assert caught.value.__cause__ is None
+
+
+def test_a_check_raising_systemexit_after_a_failure_keeps_the_failure() -> None:
+    dead = threading.Event()
+
+    class Source:
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+            yield triples(1)[0]
+            dead.set()
+            raise ConnectionResetError(104, "Connection reset by peer")
+
+    def check() -> None:
+        if dead.is_set() and on_a_producer_thread():
+            raise SystemExit(3)
+
+    with pingpong.PingPongLoader(Source(), torch.randn(50, 3), health_check=check) as loader:
+        with pytest.raises(ConnectionResetError):
+            list(loader)
