@@ -298,10 +298,14 @@ def test_epochs_left_early_with_dgl_sampler_processes_leave_no_batches_behind(
         assert report["dropped"] > 0  # DGL had batches in flight at each break
 
 
-def test_out_of_range_id_is_refused_before_any_pull(part_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["bad-id", "bad-id-samplers"])
+def test_out_of_range_id_is_refused_before_any_pull(mode: str, part_dir: Path,
+                                                    tmp_path: Path) -> None:
     """Batch 2 carries id N: IdRangeError in the training loop, and the DistTensors
-    were pulled for batches 0 and 1 only -- never with the bad id."""
-    job, ranks = run_job("bad-id", tmp_path, part_dir)
+    were pulled for batches 0 and 1 only -- never with the bad id (also with a DGL
+    sampler process per trainer)."""
+    job, ranks = run_job(mode, tmp_path, part_dir)
+    assert [r["sampler_processes"] for r in ranks] == [int(mode.endswith("samplers"))] * 2
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
     assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
     for report in ranks:
@@ -312,11 +316,15 @@ def test_out_of_range_id_is_refused_before_any_pull(part_dir: Path, tmp_path: Pa
         assert report["feature_pulls"] == report["label_pulls"] == 2
 
 
-def test_server_stopped_mid_epoch_raises_batch_timeout(part_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["server-stop", "server-stop-samplers"])
+def test_server_stopped_mid_epoch_raises_batch_timeout(mode: str, part_dir: Path,
+                                                       tmp_path: Path) -> None:
     """SIGSTOP to server 1 in the second epoch: it stays connected but never answers, so
     DGL's pull waits for ever; the loader's timeout= turns that into BatchTimeoutError
-    in the training loop of the trainers waiting on it, and no process hangs."""
-    job, ranks = run_job("server-stop", tmp_path, part_dir)
+    in the training loop of the trainers waiting on it, and no process hangs (also
+    with a DGL sampler process per trainer, which waits on the server too)."""
+    job, ranks = run_job(mode, tmp_path, part_dir)
+    assert [r["sampler_processes"] for r in ranks] == [int(mode.endswith("samplers"))] * 2
     assert [e["signal"] for e in job["events"]] == ["SIGSTOP"]
     ends = job["trainers"]
     print("trainers:", json.dumps(ends), "reports:", json.dumps(ranks))
@@ -340,6 +348,7 @@ def test_server_killed_mid_epoch_raises_server_gone_in_every_training_loop(
     a DGL sampler process per trainer (``server-kill-samplers``), which must be gone
     afterwards like every other process."""
     job, ranks = run_job(mode, tmp_path, part_dir)
+    assert [r["sampler_processes"] for r in ranks] == [int(mode.endswith("samplers"))] * 2
     assert [e["signal"] for e in job["events"]] == ["SIGKILL"]
     ends = job["trainers"]
     print("trainers:", json.dumps(ends), "reports:", json.dumps(ranks))

@@ -72,10 +72,10 @@ Modes (what a trainer does):
 ``server-kill-random``
     ``server-kill`` at whatever moment rank 0 is three steps into the second
     epoch; the step takes ``PINGPONG_DISTDGL_STEP_S`` seconds (default 0.2).
-``server-kill-samplers``
-    ``server-kill`` with one DGL sampler process per trainer: the sampling
-    (and its RPCs) runs in that process, the producer only receives its
-    batches and pulls the rows.
+``server-kill-samplers``, ``server-stop-samplers``, ``bad-id-samplers``
+    ``server-kill``, ``server-stop``, ``bad-id`` with one DGL sampler process
+    per trainer: the sampling (and its RPCs) runs in that process, the
+    producer only receives its batches and pulls the rows.
 
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
 ``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
@@ -168,6 +168,13 @@ def step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Any) -> None
     opt.step()
 
 
+def count_sampler_processes() -> int:
+    """DGL's sampler processes (DGL_NUM_SAMPLER): spawned children, not the resource
+    tracker."""
+    return sum("spawn_main" in " ".join(child.cmdline())
+               for child in psutil.Process().children())
+
+
 def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
     orig_nid = torch.load(part_dir / "orig_nid.pt")
@@ -179,9 +186,7 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     epochs = []
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
         watched = watched_servers(loader)
-        # DGL's sampler processes (DGL_NUM_SAMPLER): spawned children, not the resource tracker
-        sampler_processes = sum("spawn_main" in " ".join(child.cmdline())
-                                for child in psutil.Process().children())
+        sampler_processes = count_sampler_processes()
         for _ in range(2):
             kept = []
             for batch in loader:
@@ -321,7 +326,8 @@ def trainer_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     source = InjectId(td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True),
                       at=2, bad_id=bad)
     delivered, pulls_at_delivery = 0, []
-    result: dict[str, Any] = {"num_rows": n, "bad_id": bad, "bad_batch": 2}
+    result: dict[str, Any] = {"num_rows": n, "bad_id": bad, "bad_batch": 2,
+                              "sampler_processes": count_sampler_processes()}
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
         try:
             for _ in loader:
@@ -353,7 +359,8 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     model, opt = ddp_model(feat.shape[1])
     timeout = None if BREAK == "no-timeout" else TIMEOUT_S
     steps = 0
-    record: dict[str, Any] = {"timeout": timeout}
+    record: dict[str, Any] = {"timeout": timeout,
+                              "sampler_processes": count_sampler_processes()}
     if BREAK == "no-watch":
         import pingpong.loader as loader_module
 
@@ -438,7 +445,8 @@ def edge_label_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]
 
 HETERO_NODES = {"paper": 3000, "author": 2000}
 #: Modes with one DGL sampler process per trainer.
-SAMPLER_MODES = ("equal-samplers", "break-samplers", "server-kill-samplers")
+SAMPLER_MODES = ("equal-samplers", "break-samplers", "server-kill-samplers",
+                 "bad-id-samplers", "server-stop-samplers")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
 PARKED_KILL_MODES = ("server-kill", "server-kill-samplers")
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
@@ -667,6 +675,7 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "edge-labels": trainer_edge_labels,
             "hetero-equal": trainer_hetero_equal,
             "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,
+            "bad-id-samplers": trainer_bad_id, "server-stop-samplers": trainer_server_loss,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-kill-samplers": trainer_server_loss,
             "server-stop": trainer_server_loss}
@@ -734,7 +743,7 @@ def wait_for_trainers(cluster: td.LocalCluster, mode: str, out: Path,
         ready = parked if mode in PARKED_KILL_MODES else (out / "mid-epoch").exists()
         if (disturbed_at is None and mode.startswith("server-") and BREAK != "no-signal"
                 and ready):
-            sig = signal.SIGSTOP if mode == "server-stop" else signal.SIGKILL
+            sig = signal.SIGSTOP if mode.startswith("server-stop") else signal.SIGKILL
             victim = cluster.servers[1].popen
             os.kill(victim.pid, sig)
             if mode in PARKED_KILL_MODES:
