@@ -146,8 +146,8 @@ def produce(
     ``sample_ahead`` the source step of batch k+1 runs *before* batch k is
     handed off, so what follows a hand-off -- while the training step runs on
     it -- is batch k+1's fetches and gather (waits for a server, kernels that
-    release the GIL), not sampling, which in Python competes with the training
-    step for the GIL.  Batch k then waits for that source step; a source
+    release the GIL), not sampling, which competes with the training step for
+    the cores and the GIL.  Batch k then waits for that source step; a source
     that fails at k+1 still delivers batch k first.
 
     With ``rpc_lock`` (:mod:`pingpong._rpc`), starting the source's iterator, each
