@@ -28,7 +28,9 @@ Each epoch also records where rank 0's CPU went: its training thread
 and the rest of the process (DGL's RPC threads, gloo). ``--trainers 1`` runs
 one trainer for both partitions (fewer processes than cores);
 ``--samplers K`` gives each trainer K DGL sampler processes
-(``DGL_NUM_SAMPLER``); ``--profile-producer PATH`` writes a cProfile of the producer threads (thread
+(``DGL_NUM_SAMPLER``); ``--pin-training-core C`` (one trainer, Linux) keeps core C
+for the training thread alone and moves every other thread of the job to the
+other cores; ``--profile-producer PATH`` writes a cProfile of the producer threads (thread
 CPU time; it slows them, so not for timing).
 
     python benchmarks/dist_epoch.py --quick                       # ~1.5 min smoke run
@@ -36,6 +38,8 @@ CPU time; it slows them, so not for timing).
     python benchmarks/dist_epoch.py --trainers 1 --out docs/benchmarks --name dist-epoch-cpu-t1
     python benchmarks/dist_epoch.py --trainers 1 --samplers 1 --out docs/benchmarks \
         --name dist-epoch-cpu-t1-s1
+    python benchmarks/dist_epoch.py --trainers 1 --pin-training-core 0 --out docs/benchmarks \
+        --name dist-epoch-cpu-t1-pinned
     python benchmarks/dist_epoch.py --quick --trainers 1 --profile-producer producer.prof
 """
 
@@ -100,6 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="PingPongLoader(sample_ahead=False): the producer samples batch k+1 after "
                         "handing batch k over (for an A/B run; default: before, as the "
                         "loader does for row sources)")
+    p.add_argument("--pin-training-core", type=int, default=None, metavar="CORE",
+                   help="(Linux, --trainers 1) run the training thread alone on CORE: every "
+                        "other thread of the trainer (pingpong's producer, DGL's RPC threads, "
+                        "gloo) and both servers on the other cores")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help="timed kinds of epoch, comma-separated (a subset for profiling the "
                         "trainer from outside, e.g. with py-spy; the report needs all four)")
@@ -110,6 +118,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="dist-epoch-cpu")
     p.add_argument("--from-json", type=Path, default=None, help="re-render the Markdown only")
     args = p.parse_args(argv)
+    if args.pin_training_core is not None and (args.trainers != 1 or args.samplers):
+        p.error("--pin-training-core needs --trainers 1 and no --samplers")
     if args.quick:
         args.num_nodes, args.delays_ms, args.rounds = 20_000, [0.0, 3.0], 3
     return args
@@ -140,6 +150,52 @@ def profile_producer_threads(path: Path) -> None:
     epoch_module.produce = profiled_produce
 
 
+def pin_training_thread(core: int) -> None:
+    """Keep ``core`` for the calling (training) thread alone (Linux).
+
+    Every other thread of this process, every thread of the DGL servers that
+    the same launcher started (siblings of this trainer with
+    ``DGL_ROLE=server``), and each pingpong producer thread started later
+    (they would inherit the training thread's affinity) run on the other
+    cores the process may use.
+    """
+    import threading
+
+    import pingpong._epoch as epoch_module
+
+    allowed = os.sched_getaffinity(0)
+    if core not in allowed or len(allowed) < 2:
+        raise SystemExit(f"--pin-training-core {core}: needs that core and another among "
+                         f"the cores this process may use, {sorted(allowed)}")
+    others = allowed - {core}
+    me = threading.get_native_id()
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != me:
+            os.sched_setaffinity(int(tid), others)
+    servers = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getppid() and b"DGL_ROLE=server" in environ:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setaffinity(int(tid), others)
+            servers += 1
+    if servers == 0:
+        raise SystemExit("--pin-training-core: found none of the launcher's DGL servers")
+    produce = epoch_module.produce
+
+    def produce_elsewhere(*args: Any, **kwargs: Any) -> None:
+        os.sched_setaffinity(0, others)
+        produce(*args, **kwargs)
+
+    epoch_module.produce = produce_elsewhere
+    os.sched_setaffinity(0, {core})
+
+
 def trainer_main(args: argparse.Namespace) -> None:
 
     if args.profile_producer is not None:
@@ -147,6 +203,8 @@ def trainer_main(args: argparse.Namespace) -> None:
     tr = td.init_trainer(threads=1)
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
+    if args.pin_training_core is not None:
+        pin_training_thread(args.pin_training_core)
     if args.no_id_range:  # the loader then asks DGL's part_policy for every batch
         setattr(pingpong.rowsource, "local_id_range", lambda *_args: None)  # noqa: B010
     # local: pingpong reads this machine's partition in place (the sync loop pulls it)
@@ -334,6 +392,9 @@ def render(report: dict[str, Any]) -> str:
            if s.get("no_sample_ahead") else "")
         + (f"; GIL switch interval {s['switch_interval'] * 1e3:g} ms in the trainers "
            "(Python's default 5 ms)" if s.get("switch_interval") is not None else "")
+        + (f"; the training thread alone on core {s['pin_training_core']}, the producer, "
+           "DGL's RPC threads and both servers on the other cores"
+           if s.get("pin_training_core") is not None else "")
         + f"); GraphSAGE hidden {s['hidden']}. Medians of "
         f"{min(r['epochs_each'] for r in report['summary'])} timed epochs of each kind per "
         f"delay (after a warm-up of each), kinds shuffled per round; an epoch's time is the "
@@ -437,7 +498,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
                               "hidden", "delays_ms", "rounds", "trainers", "samplers",
                               "no_local_rows", "no_id_range", "switch_interval",
-                              "no_sample_ahead")},
+                              "no_sample_ahead", "pin_training_core")},
         "steps_per_epoch": result["steps_per_epoch"],
         "train_nodes_per_trainer": result["train_nodes_per_trainer"],
         "summary": summary, "judged": judged,
