@@ -122,6 +122,15 @@ def _system_busy_seconds() -> float | None:
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_runqueue_seconds() -> float | None:
+    """Seconds the calling thread has spent runnable but waiting for a core (Linux
+    ``/proc/thread-self/schedstat``, its second field), or None where unavailable."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 class OtherLoad:
     """Cores' worth of CPU that *other* processes used between start() and stop().
 

@@ -225,6 +225,7 @@ def trainer_main(args: argparse.Namespace) -> None:
             before_pp, before_sync = dict(pp.stats), dict(sync.stats)
             cpu0, main0 = time.process_time(), time.thread_time()
             busy0 = _common._system_busy_seconds()  # every process: servers included
+            runq0 = _common.thread_runqueue_seconds()  # the training thread, off-core
             if kind == "load":
                 t0 = time.perf_counter()
                 cache[:] = list(sync)
@@ -235,6 +236,8 @@ def trainer_main(args: argparse.Namespace) -> None:
                 r = td.train_epoch(ddp, opt, sync if kind == "sync" else pp)
             cpu = time.process_time() - cpu0  # this trainer process, all its threads
             main_cpu = time.thread_time() - main0  # the training thread alone
+            runq1 = _common.thread_runqueue_seconds()
+            runq = {} if runq0 is None or runq1 is None else {"main_runq_s": runq1 - runq0}
             busy1 = _common._system_busy_seconds()
             machine = {} if busy0 is None or busy1 is None else {"machine_cpu_s": busy1 - busy0}
             stats = pp.stats if kind == "pingpong" else sync.stats
@@ -245,7 +248,7 @@ def trainer_main(args: argparse.Namespace) -> None:
                      if k in stats}
             return {"kind": kind, "epoch_s": td.all_max(r.epoch_s), "epoch_s_rank": r.epoch_s,
                     "cpu_s": cpu, "cpu_s_max": td.all_max(cpu), "main_cpu_s": main_cpu,
-                    "compute_s": r.compute_s, "steps": r.steps, **machine, **delta}
+                    "compute_s": r.compute_s, "steps": r.steps, **machine, **runq, **delta}
 
         for delay in args.delays_ms:
             feat.delay_s = label.delay_s = delay / 1000
@@ -297,6 +300,13 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 split[f"{k}_other_cpu_s"] = statistics.median(
                     r["cpu_s"] - r["main_cpu_s"] - p for r, p in zip(these, producer,
                                                                      strict=True))
+                if all("main_runq_s" in r for r in these):
+                    # the training thread's epoch: CPU + waiting for a core + blocked (for
+                    # the GIL, a batch, a lock, DDP's reducer)
+                    split[f"{k}_main_runq_s"] = statistics.median(
+                        r["main_runq_s"] for r in these)
+                    split[f"{k}_main_blocked_s"] = statistics.median(
+                        r["epoch_s_rank"] - r["main_cpu_s"] - r["main_runq_s"] for r in these)
                 if all("machine_cpu_s" in r for r in these):  # rank 0's view of the machine
                     split[f"{k}_machine_cpu_s"] = statistics.median(
                         r["machine_cpu_s"] for r in these)
@@ -343,6 +353,16 @@ def render(report: dict[str, Any]) -> str:
              + ([r["load_machine_cpu_s"], r["compute_machine_cpu_s"],
                  r["pingpong_machine_cpu_s"]] if machine_cols else [])
              for r in summary])
+    thread_table = ""
+    if summary and "pingpong_main_runq_s" in summary[0]:
+        thread_table = _common.markdown_table(
+            ["delay ms/pull", "compute: cpu", "compute: waiting for a core",
+             "compute: blocked", "pp: cpu", "pp: waiting for a core", "pp: blocked",
+             "pp: stall"],
+            [[f"{r['delay_ms']:g}", r["compute_main_cpu_s"], r["compute_main_runq_s"],
+              r["compute_main_blocked_s"], r["pingpong_main_cpu_s"],
+              r["pingpong_main_runq_s"], r["pingpong_main_blocked_s"],
+              r["pingpong_stall_s"]] for r in summary])
     share = statistics.median(r["compute_cpu_s"] / r["compute_s"] for r in summary)
     cpu_line = "; ".join(f"{r['delay_ms']:g} ms: pp {r['pingpong_cpu_s']:.2f} s vs load "
                          f"{r['load_cpu_s']:.2f} + compute {r['compute_cpu_s']:.2f} s"
@@ -418,6 +438,11 @@ def render(report: dict[str, Any]) -> str:
            + ("; `machine` every process on the machine over rank 0's epoch (/proc/stat: "
               "the servers, the trainers, anything else)" if machine_cols else "") + ".",
            "", split_table, ""] if split_table else []),
+        *(["Where rank 0's training thread spent an epoch (medians, seconds): running "
+           "(`cpu`), runnable but waiting for a core (`waiting for a core`: "
+           "/proc/thread-self/schedstat), and the rest `blocked`: waiting for the GIL, for a "
+           "batch (`stall`, the same as `pp stall` above), for DDP's reducer or a lock.", "",
+           thread_table, ""] if thread_table else []),
         "## Goals", "",
         f"- Overlap: pingpong's epoch <= {GOAL_EFFICIENCY}x max(load, compute): "
         + ("met at delays " + ", ".join(f"{r['delay_ms']:g}" for r in eff_ok) + " ms"
