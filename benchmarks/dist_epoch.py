@@ -150,24 +150,23 @@ def profile_producer_threads(path: Path) -> None:
     epoch_module.produce = profiled_produce
 
 
-def pin_training_thread(core: int) -> None:
-    """Keep ``core`` for the calling (training) thread alone (Linux).
+def pin_training_thread(core: int) -> frozenset[int]:
+    """Keep ``core`` for the calling (training) thread alone (Linux); returns the
+    other cores, for ``PingPongLoader(producer_cpus=...)``.
 
-    Every other thread of this process, every thread of the DGL servers that
-    the same launcher started (siblings of this trainer with
-    ``DGL_ROLE=server``), and each pingpong producer thread started later
-    (they would inherit the training thread's affinity) run on the other
-    cores the process may use.
+    Every other thread of this process and every thread of the DGL servers
+    that the same launcher started (siblings of this trainer with
+    ``DGL_ROLE=server``) move to the other cores the process may use; the
+    producer threads, started later, would inherit the training thread's core
+    without ``producer_cpus``.
     """
     import threading
-
-    import pingpong._epoch as epoch_module
 
     allowed = os.sched_getaffinity(0)
     if core not in allowed or len(allowed) < 2:
         raise SystemExit(f"--pin-training-core {core}: needs that core and another among "
                          f"the cores this process may use, {sorted(allowed)}")
-    others = allowed - {core}
+    others = frozenset(allowed - {core})
     me = threading.get_native_id()
     for tid in os.listdir("/proc/self/task"):
         if int(tid) != me:
@@ -186,14 +185,8 @@ def pin_training_thread(core: int) -> None:
             servers += 1
     if servers == 0:
         raise SystemExit("--pin-training-core: found none of the launcher's DGL servers")
-    produce = epoch_module.produce
-
-    def produce_elsewhere(*args: Any, **kwargs: Any) -> None:
-        os.sched_setaffinity(0, others)
-        produce(*args, **kwargs)
-
-    epoch_module.produce = produce_elsewhere
     os.sched_setaffinity(0, {core})
+    return others
 
 
 def trainer_main(args: argparse.Namespace) -> None:
@@ -203,8 +196,8 @@ def trainer_main(args: argparse.Namespace) -> None:
     tr = td.init_trainer(threads=1)
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
-    if args.pin_training_core is not None:
-        pin_training_thread(args.pin_training_core)
+    producer_cpus = (None if args.pin_training_core is None
+                     else pin_training_thread(args.pin_training_core))
     if args.no_id_range:  # the loader then asks DGL's part_policy for every batch
         setattr(pingpong.rowsource, "local_id_range", lambda *_args: None)  # noqa: B010
     # local: pingpong reads this machine's partition in place (the sync loop pulls it)
@@ -220,7 +213,8 @@ def trainer_main(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
 
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=300,
-                                 sample_ahead=not args.no_sample_ahead) as pp:
+                                 sample_ahead=not args.no_sample_ahead,
+                                 producer_cpus=producer_cpus) as pp:
         def epoch(kind: str) -> dict[str, Any]:
             before_pp, before_sync = dict(pp.stats), dict(sync.stats)
             cpu0, main0 = time.process_time(), time.thread_time()
@@ -385,11 +379,17 @@ def render(report: dict[str, Any]) -> str:
                 f"The machine has {report['machine']['logical_cores']} cores for "
                 f"{trainers} trainer process{'es' if trainers > 1 else ''} and the two "
                 "servers (their CPU is in the `machine` columns); the trainer's two threads "
-                "mostly took turns rather than running side by side. Not for the GIL: a "
-                "py-spy profile of this job (docs/benchmarks.rst, one trainer, no delay) "
-                "found a thread holding it about a quarter of the epoch, and the producer "
-                "waiting for the servers' replies most of the time -- replies that came "
-                "about half as fast as with nothing training beside them.")
+                "mostly took turns rather than running side by side.")
+            if "pingpong_main_runq_s" in zero:
+                thread_line += (
+                    " In a pingpong epoch the training thread ran "
+                    f"{zero['pingpong_main_cpu_s']:.2f} s (against "
+                    f"{zero['compute_main_cpu_s']:.2f} s in `compute`), waited "
+                    f"{zero['pingpong_main_runq_s']:.2f} s for a core, "
+                    f"{zero['pingpong_stall_s']:.2f} s for batches and "
+                    f"{zero['pingpong_main_blocked_s'] - zero['pingpong_stall_s']:.2f} s "
+                    "otherwise blocked: mostly for the GIL, the rest for DDP's reducer, by "
+                    "a py-spy profile with native frames (docs/benchmarks.rst).")
         else:
             thread_line += (
                 "With as many trainer processes as cores (and the servers besides), the "

@@ -76,6 +76,7 @@ class Epoch:
         health: Callable[[], None] | None = None,
         rpc_lock: threading.Lock | None = None,
         sample_ahead: bool = False,
+        producer_cpus: frozenset[int] | None = None,
     ) -> None:
         self.device = device
         self.health = health
@@ -117,6 +118,7 @@ class Epoch:
                 health,
                 rpc_lock,
                 sample_ahead,
+                producer_cpus,
             ),
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,

@@ -12,6 +12,7 @@ timeout: every wait polls ``stop`` every ``poll_s`` seconds.
 from __future__ import annotations
 
 import functools
+import os
 import queue
 import threading
 import time
@@ -138,6 +139,7 @@ def produce(
     health: Callable[[], None] | None = None,
     rpc_lock: threading.Lock | None = None,
     sample_ahead: bool = False,
+    cpus: frozenset[int] | None = None,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
@@ -149,6 +151,9 @@ def produce(
     release the GIL), not sampling, which competes with the training step for
     the cores and the GIL.  Batch k then waits for that source step; a source
     that fails at k+1 still delivers batch k first.
+
+    With ``cpus`` the thread first restricts itself to those CPUs
+    (``os.sched_setaffinity``); the OS refusing them fails the epoch.
 
     With ``rpc_lock`` (:mod:`pingpong._rpc`), starting the source's iterator, each
     source step (with its id checks) and each batch's row-source fetches happen
@@ -173,6 +178,8 @@ def produce(
     check = None if health is None else _TrackedCheck(health)
     try:
         try:
+            if cpus is not None:  # first, so that threads it starts inherit it
+                os.sched_setaffinity(0, cpus)
             with write_lock:  # like a fill: a closing loader waits for it
                 if stop.is_set():
                     return

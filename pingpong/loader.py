@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import numbers
+import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -127,6 +128,18 @@ class PingPongLoader(Iterable[Any]):
             ``None`` (default): on when a feature or label table is a row
             source (e.g. a ``DistTensor``: its fetch is a wait), off for host
             tensors only.  ``loader.sample_ahead`` says which.
+        producer_cpus: CPU ids the producer thread runs on (Linux,
+            ``os.sched_setaffinity``), set by each epoch's producer as it
+            starts; threads it starts inherit them, threads started before
+            (such as a pool Numba already runs) keep their own.  ``None``
+            (default): the producer keeps the affinity of the thread that
+            starts the epoch.  For a training thread pinned to a core of its
+            own (a small machine shared with DistDGL servers): without it
+            the producer would inherit that single core.  ``ConfigError``
+            for an empty set, anything but ints in ``0 ..
+            os.cpu_count() - 1``, or a platform without
+            ``os.sched_setaffinity``; a set the OS refuses (none of its CPUs
+            allowed to this process) ends the epoch with its ``OSError``.
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -156,6 +169,7 @@ class PingPongLoader(Iterable[Any]):
         hot_ids: torch.Tensor | None = None,
         health_check: Callable[[], None] | None = None,
         sample_ahead: bool | None = None,
+        producer_cpus: Iterable[int] | None = None,
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
@@ -184,6 +198,7 @@ class PingPongLoader(Iterable[Any]):
             raise ConfigError(f"health_check must be a callable, got {health_check!r}")
         if sample_ahead is not None and not isinstance(sample_ahead, bool):
             raise ConfigError(f"sample_ahead must be None, True or False, got {sample_ahead!r}")
+        cpus = _cpu_set(producer_cpus)
         self._source = source
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
@@ -231,6 +246,7 @@ class PingPongLoader(Iterable[Any]):
             # DGL's RPC client is one per process and not thread-safe: producers take turns
             rpc_lock=_rpc.lock_for_process(),
             sample_ahead=self._sample_ahead,
+            producer_cpus=cpus,
         )
         cache, device = self._cache, self._device
 
@@ -330,6 +346,25 @@ class PingPongLoader(Iterable[Any]):
             f"PingPongLoader(device={str(self.device)!r}, gather={self.gather_mode!r}, "
             f"num_buffers={self.num_buffers}, closed={self.closed})"
         )
+
+
+def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
+    """``producer_cpus`` checked: None, or a non-empty set of CPU ids of this machine."""
+    if cpus is None:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ConfigError("producer_cpus needs os.sched_setaffinity (Linux); this platform "
+                          "has none")
+    if isinstance(cpus, (str, bytes)) or not isinstance(cpus, Iterable):
+        raise ConfigError(f"producer_cpus must be an iterable of CPU ids, got {cpus!r}")
+    ids = list(cpus)
+    count = os.cpu_count() or 1
+    bad = [c for c in ids if isinstance(c, bool) or not isinstance(c, numbers.Integral)
+           or not 0 <= int(c) < count]
+    if bad or not ids:
+        raise ConfigError(f"producer_cpus must be CPU ids in 0..{count - 1} (os.cpu_count()), "
+                          f"at least one; got {cpus!r}")
+    return frozenset(int(c) for c in ids)
 
 
 def _combine_checks(
