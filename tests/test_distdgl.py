@@ -148,15 +148,21 @@ def assert_two_equal_epochs(epochs: list[dict[str, Any]]) -> None:
 
 
 # --------------------------------------------------------------------------- tests
-@pytest.mark.parametrize("mode", ["equal", "equal-samplers"])
+def expected_samplers(mode: str) -> int:
+    """DGL sampler processes per trainer the mode asks for (``distdgl_job.py``)."""
+    return 2 if mode.endswith("samplers2") else int(mode.endswith("samplers"))
+
+
+@pytest.mark.parametrize("mode", ["equal", "equal-samplers", "equal-samplers2"])
 def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
         part_dir: Path, tmp_path: Path, mode: str) -> None:
     """Two shuffled epochs on both trainers: every batch pingpong delivered equals
     ``feat[input_nodes]`` / ``label[output_nodes]`` pulled synchronously from the
     DistTensors, bit for bit, and the original tables through DGL's renumbering.
-    ``equal-samplers``: the same with a DGL sampler process per trainer."""
+    ``equal-samplers``: the same with a DGL sampler process per trainer,
+    ``equal-samplers2`` with two (whose batches arrive in the order they finish)."""
     job, ranks = run_job(mode, tmp_path, part_dir)
-    assert [r["sampler_processes"] for r in ranks] == [int(mode == "equal-samplers")] * 2
+    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
     # shut down by DGL's last trainer
     assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
@@ -305,7 +311,7 @@ def test_out_of_range_id_is_refused_before_any_pull(mode: str, part_dir: Path,
     were pulled for batches 0 and 1 only -- never with the bad id (also with a DGL
     sampler process per trainer)."""
     job, ranks = run_job(mode, tmp_path, part_dir)
-    assert [r["sampler_processes"] for r in ranks] == [int(mode.endswith("samplers"))] * 2
+    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
     assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
     for report in ranks:
@@ -324,7 +330,7 @@ def test_server_stopped_mid_epoch_raises_batch_timeout(mode: str, part_dir: Path
     in the training loop of the trainers waiting on it, and no process hangs (also
     with a DGL sampler process per trainer, which waits on the server too)."""
     job, ranks = run_job(mode, tmp_path, part_dir)
-    assert [r["sampler_processes"] for r in ranks] == [int(mode.endswith("samplers"))] * 2
+    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
     assert [e["signal"] for e in job["events"]] == ["SIGSTOP"]
     ends = job["trainers"]
     print("trainers:", json.dumps(ends), "reports:", json.dumps(ranks))
@@ -339,16 +345,17 @@ def test_server_stopped_mid_epoch_raises_batch_timeout(mode: str, part_dir: Path
         assert f"timeout={TIMEOUT_S}" in report["message"]
 
 
-@pytest.mark.parametrize("mode", ["server-kill", "server-kill-samplers"])
+@pytest.mark.parametrize("mode", ["server-kill", "server-kill-samplers",
+                                  "server-kill-samplers2"])
 def test_server_killed_mid_epoch_raises_server_gone_in_every_training_loop(
         mode: str, part_dir: Path, tmp_path: Path) -> None:
     """SIGKILL to server 1 in the second epoch: both training loops get ServerGoneError
     naming it, within seconds (well before the loader's timeout), instead of DGL's
     sender thread aborting the process at its next send; no process hangs -- also with
     a DGL sampler process per trainer (``server-kill-samplers``), which must be gone
-    afterwards like every other process."""
+    afterwards like every other process; and with two (``server-kill-samplers2``)."""
     job, ranks = run_job(mode, tmp_path, part_dir)
-    assert [r["sampler_processes"] for r in ranks] == [int(mode.endswith("samplers"))] * 2
+    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
     assert [e["signal"] for e in job["events"]] == ["SIGKILL"]
     ends = job["trainers"]
     print("trainers:", json.dumps(ends), "reports:", json.dumps(ranks))

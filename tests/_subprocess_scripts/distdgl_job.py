@@ -76,6 +76,10 @@ Modes (what a trainer does):
     ``server-kill``, ``server-stop``, ``bad-id`` with one DGL sampler process
     per trainer: the sampling (and its RPCs) runs in that process, the
     producer only receives its batches and pulls the rows.
+``equal-samplers2``, ``server-kill-samplers2``
+    ``equal``, ``server-kill`` with two DGL sampler processes per trainer
+    (``DGL_NUM_SAMPLER=2``): DGL hands the batches out to them in turn and
+    receives them from one shared queue, in the order they are finished.
 
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
 ``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
@@ -447,8 +451,15 @@ HETERO_NODES = {"paper": 3000, "author": 2000}
 #: Modes with one DGL sampler process per trainer.
 SAMPLER_MODES = ("equal-samplers", "break-samplers", "server-kill-samplers",
                  "bad-id-samplers", "server-stop-samplers")
+#: Modes with two.
+TWO_SAMPLER_MODES = ("equal-samplers2", "server-kill-samplers2")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
-PARKED_KILL_MODES = ("server-kill", "server-kill-samplers")
+PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2")
+
+
+def sampler_processes(mode: str) -> int:
+    """DGL sampler processes per trainer in ``mode``."""
+    return 2 if mode in TWO_SAMPLER_MODES else int(mode in SAMPLER_MODES)
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
 
 
@@ -678,7 +689,8 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "bad-id-samplers": trainer_bad_id, "server-stop-samplers": trainer_server_loss,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-kill-samplers": trainer_server_loss,
-            "server-stop": trainer_server_loss}
+            "server-stop": trainer_server_loss,
+            "equal-samplers2": trainer_equal, "server-kill-samplers2": trainer_server_loss}
 
 
 def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
@@ -703,7 +715,7 @@ def launcher_main(mode: str, out: Path, part_dir: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="pingpong-distdgl-") as tmp:
         cluster = td.LocalCluster(command, part_config, Path(tmp), num_parts=2, log_dir=out,
                                   trainer_log_dir=out,
-                                  num_samplers=int(mode in SAMPLER_MODES),
+                                  num_samplers=sampler_processes(mode),
                                   graph_format="csc,coo" if mode.startswith("edge") else "csc")
         try:
             cluster.start()
