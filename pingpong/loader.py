@@ -131,7 +131,9 @@ class PingPongLoader(Iterable[Any]):
         producer_cpus: CPU ids the producer thread runs on (Linux,
             ``os.sched_setaffinity``), set by each epoch's producer as it
             starts; threads it starts inherit them, threads started before
-            (such as a pool Numba already runs) keep their own.  ``None``
+            keep their own (a pool Numba already runs; the kernel warm-up
+            thread the loader starts at construction, which inherits the
+            constructing thread's).  ``None``
             (default): the producer keeps the affinity of the thread that
             starts the epoch.  For a training thread pinned to a core of its
             own (a small machine shared with DistDGL servers): without it
