@@ -98,6 +98,9 @@ ONE_HOST_ENV = "PINGPONG_DIST_ONE_HOST"
 LAUNCHER_PID_ENV = "PINGPONG_DIST_LAUNCHER_PID"
 #: Where rank 0 writes its results for the launcher.
 RESULT_ENV = "PINGPONG_DIST_RESULT"
+#: DGL's RPC backend for every process of a one-host job: ``socket`` (DGL's default)
+#: or ``tensorpipe`` (for an A/B run, ``benchmarks/dist_epoch.py --net-type``).
+NET_TYPE_ENV = "PINGPONG_DIST_NET_TYPE"
 GRAPH_META = "pingpong-graph.json"
 
 
@@ -230,6 +233,12 @@ def free_port(taken: set[int] | None = None) -> int:
         taken.add(port)
         return port
     raise RuntimeError("no free TCP port found on 127.0.0.1")
+
+
+def dgl_net_type() -> str:
+    """``net_type`` for ``dgl.distributed.initialize`` and ``DistGraphServer``: the value
+    of ``PINGPONG_DIST_NET_TYPE``, else DGL's default ``socket``."""
+    return os.environ.get(NET_TYPE_ENV, "socket")
 
 
 def die_with_launcher() -> None:
@@ -532,14 +541,15 @@ def run_server() -> None:
     machine = server_id // num_servers
     isolate_shared_memory(token, machine)
     if machine == 0:
-        dgl.distributed.initialize(ip_config)  # serves, then sys.exit()
+        dgl.distributed.initialize(ip_config, net_type=dgl_net_type())  # serves, exits
         return
     # Machine 0's server shares its graph with the (co-located) trainers; the
     # others must not write the same segments (they are named after the graph).
     server = dgl.distributed.DistGraphServer(
         server_id, ip_config, num_servers, int(os.environ["DGL_NUM_CLIENT"]),
         os.environ["DGL_CONF_PATH"], disable_shared_mem=True,
-        graph_format=os.environ.get("DGL_GRAPH_FORMAT", "csc").split(","))
+        graph_format=os.environ.get("DGL_GRAPH_FORMAT", "csc").split(","),
+        net_type=dgl_net_type())
     server.start()
 
 
@@ -599,7 +609,8 @@ def connect_trainer(threads: int = 1, gloo_timeout_s: float = 1800.0
     token = os.environ.get(ONE_HOST_ENV)
     if token is not None:
         isolate_shared_memory(token, machine=0)
-    dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # before init_process_group
+    # before init_process_group
+    dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"], net_type=dgl_net_type())
     if token is not None and dgl.distributed.rpc.get_machine_id() != 0:
         raise RuntimeError("on one host every trainer should be DGL's machine 0, this one is "
                            f"{dgl.distributed.rpc.get_machine_id()}")
