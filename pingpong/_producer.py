@@ -179,7 +179,7 @@ def produce(
     try:
         try:
             if cpus is not None:  # first, so that threads it starts inherit it
-                os.sched_setaffinity(0, cpus)
+                _run_on(cpus)
             with write_lock:  # like a fill: a closing loader waits for it
                 if stop.is_set():
                     return
@@ -252,6 +252,17 @@ def produce(
                 f"while preparing batch {seq}; re-raised in the training loop)"
             )
         ready_q.put(Failure(exc if check is None else check.diagnosed(exc)))
+
+
+def _run_on(cpus: frozenset[int]) -> None:
+    """Restrict the calling thread to ``cpus``; an ``OSError`` says it was pingpong's
+    ``producer_cpus`` that the OS refused."""
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        exc.add_note(f"(pingpong: the OS refused producer_cpus={sorted(cpus)} for the producer "
+                     "thread; os.sched_getaffinity(0) lists the CPUs a thread may use)")
+        raise
 
 
 class _TrackedCheck:

@@ -133,15 +133,17 @@ class PingPongLoader(Iterable[Any]):
             starts; threads it starts inherit them, threads started before
             keep their own (a pool Numba already runs; the kernel warm-up
             thread the loader starts at construction, which inherits the
-            constructing thread's).  ``None``
-            (default): the producer keeps the affinity of the thread that
-            starts the epoch.  For a training thread pinned to a core of its
-            own (a small machine shared with DistDGL servers): without it
-            the producer would inherit that single core.  ``ConfigError``
-            for an empty set, anything but ints in ``0 ..
-            os.cpu_count() - 1``, or a platform without
-            ``os.sched_setaffinity``; a set the OS refuses (none of its CPUs
-            allowed to this process) ends the epoch with its ``OSError``.
+            constructing thread's).  By default (``None``) the producer
+            keeps the affinity of the thread that starts the epoch.  For a
+            training thread pinned to a core of its own (a small machine
+            shared with DistDGL servers): without it the producer would
+            inherit that single core.  ``ConfigError`` for an empty set,
+            anything but ints >= 0, or a platform without
+            ``os.sched_setaffinity``.  The OS decides the rest: it keeps
+            the CPUs of the set the process's cgroup allows (not a
+            ``taskset`` mask of another thread: the producer may get CPUs
+            the training thread has not), and refuses a set with none of
+            them -- the epoch then ends with its ``OSError``.
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -351,7 +353,8 @@ class PingPongLoader(Iterable[Any]):
 
 
 def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
-    """``producer_cpus`` checked: None, or a non-empty set of CPU ids of this machine."""
+    """``producer_cpus`` checked: None, or a non-empty set of CPU ids (ints >= 0; which
+    of them the OS allows is its to say, when the producer asks)."""
     if cpus is None:
         return None
     if not hasattr(os, "sched_setaffinity"):
@@ -360,12 +363,10 @@ def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
     if isinstance(cpus, (str, bytes)) or not isinstance(cpus, Iterable):
         raise ConfigError(f"producer_cpus must be an iterable of CPU ids, got {cpus!r}")
     ids = list(cpus)
-    count = os.cpu_count() or 1
     bad = [c for c in ids if isinstance(c, bool) or not isinstance(c, numbers.Integral)
-           or not 0 <= int(c) < count]
+           or int(c) < 0]
     if bad or not ids:
-        raise ConfigError(f"producer_cpus must be CPU ids in 0..{count - 1} (os.cpu_count()), "
-                          f"at least one; got {cpus!r}")
+        raise ConfigError(f"producer_cpus must be one or more CPU ids (ints >= 0), got {ids!r}")
     return frozenset(int(c) for c in ids)
 
 

@@ -19,7 +19,7 @@ from test_reliability import make_table, seq_triples
 
 from pingpong import ConfigError, PingPongLoader
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
+linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
                                 reason="os.sched_setaffinity is Linux-only")
 
 N = 200
@@ -46,6 +46,7 @@ def the_other_cpus() -> set[int]:
     return allowed - {min(allowed)}
 
 
+@linux_only
 def test_every_epochs_producer_runs_on_the_cpus_given_and_the_training_thread_is_untouched():
     cpus = the_other_cpus()
     triples = seq_triples(N, 4)
@@ -65,6 +66,7 @@ def test_every_epochs_producer_runs_on_the_cpus_given_and_the_training_thread_is
     assert not wait_for_no_pingpong_threads()
 
 
+@linux_only
 def test_without_it_the_producer_inherits_the_affinity_of_the_thread_starting_the_epoch():
     cpus = the_other_cpus()
     triples = seq_triples(N, 2)
@@ -85,14 +87,29 @@ def test_without_it_the_producer_inherits_the_affinity_of_the_thread_starting_th
     assert os.sched_getaffinity(0) == mine
 
 
-@pytest.mark.parametrize("bad", [set(), [], [-1], [1.0], [True], "0", 10_000, [10_000]])
+@linux_only
+@pytest.mark.parametrize("bad", [set(), [], [-1], [1.0], [True], "0", 10_000])
 def test_bad_cpu_sets_are_refused_at_construction(bad):
     with pytest.raises(ConfigError, match="producer_cpus"):
         PingPongLoader(seq_triples(N, 1), make_table(N, (4,)), producer_cpus=bad)
     assert not wait_for_no_pingpong_threads()
 
 
+@linux_only
+def test_a_set_the_os_refuses_ends_every_epoch_with_its_oserror_and_leaves_no_thread():
+    """CPU 100000 exists nowhere: construction accepts it (which CPUs a thread may use
+    is the OS's to say), the producer's request fails, and the training loop gets that
+    OSError, naming producer_cpus, in each epoch."""
+    triples = seq_triples(N, 2)
+    with PingPongLoader(triples, make_table(N, (4,)), producer_cpus=[100_000]) as loader:
+        for _epoch in range(2):
+            with pytest.raises(OSError) as info:
+                next(iter(loader))
+            assert "producer_cpus=[100000]" in "\n".join(getattr(info.value, "__notes__", []))
+    assert not wait_for_no_pingpong_threads()
+
+
 def test_a_platform_without_sched_setaffinity_is_refused(monkeypatch):
-    monkeypatch.delattr(os, "sched_setaffinity")
+    monkeypatch.delattr(os, "sched_setaffinity", raising=False)
     with pytest.raises(ConfigError, match="sched_setaffinity"):
         PingPongLoader(seq_triples(N, 1), make_table(N, (4,)), producer_cpus={0})
