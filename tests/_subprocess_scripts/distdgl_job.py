@@ -455,12 +455,12 @@ SAMPLER_MODES = ("equal-samplers", "break-samplers", "server-kill-samplers",
 TWO_SAMPLER_MODES = ("equal-samplers2", "server-kill-samplers2")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
 PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2")
+SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
 
 
 def sampler_processes(mode: str) -> int:
     """DGL sampler processes per trainer in ``mode``."""
     return 2 if mode in TWO_SAMPLER_MODES else int(mode in SAMPLER_MODES)
-SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
 
 
 def init_plain_trainer() -> td.Trainer:
