@@ -110,8 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="(Linux, --trainers 1) run the training thread alone on CORE: every "
                         "other thread of the trainer (pingpong's producer, DGL's RPC threads, "
                         "gloo) and both servers on the other cores")
-    p.add_argument("--net-type", choices=("socket", "tensorpipe"), default="socket",
-                   help="DGL's RPC backend for the servers and trainers (DGL's default: socket)")
+    p.add_argument("--net-type", choices=("socket", "tensorpipe"), default=None,
+                   help="DGL's RPC backend for the servers and trainers (default: DGL's own, "
+                        "socket; DGL 2.x has no other)")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help="timed kinds of epoch, comma-separated (a subset for profiling the "
                         "trainer from outside, e.g. with py-spy; the report needs all four)")
@@ -430,8 +431,8 @@ def render(report: dict[str, Any]) -> str:
            if s.get("no_sample_ahead") else "")
         + (f"; GIL switch interval {s['switch_interval'] * 1e3:g} ms in the trainers "
            "(Python's default 5 ms)" if s.get("switch_interval") is not None else "")
-        + (f"; DGL's {s['net_type']} RPC backend" if s.get("net_type", "socket") != "socket"
-           else "")
+        + (f"; DGL's {s['net_type']} RPC backend"
+           if s.get("net_type") not in (None, "socket") else "")
         + (f"; the training thread alone on core {s['pin_training_core']}, the producer, "
            "DGL's RPC threads and both servers on the other cores"
            if s.get("pin_training_core") is not None else "")
@@ -512,7 +513,8 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
     import tempfile
 
     spec = td.GraphSpec(args.num_nodes, args.feat_dim, args.num_classes, 15.0, 0)
-    os.environ[td.NET_TYPE_ENV] = args.net_type  # the job's processes inherit it
+    if args.net_type is not None:
+        os.environ[td.NET_TYPE_ENV] = args.net_type  # the job's processes inherit it
     machine = _common.machine_info()
     if args.wait_quiet > 0:
         waited, other_load = _common.wait_for_quiet(args.wait_quiet)

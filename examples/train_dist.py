@@ -235,10 +235,13 @@ def free_port(taken: set[int] | None = None) -> int:
     raise RuntimeError("no free TCP port found on 127.0.0.1")
 
 
-def dgl_net_type() -> str:
-    """``net_type`` for ``dgl.distributed.initialize`` and ``DistGraphServer``: the value
-    of ``PINGPONG_DIST_NET_TYPE``, else DGL's default ``socket``."""
-    return os.environ.get(NET_TYPE_ENV, "socket")
+def dgl_net_type_kwargs() -> dict[str, str]:
+    """Keyword arguments for ``dgl.distributed.initialize`` and ``DistGraphServer``:
+    ``net_type`` from ``PINGPONG_DIST_NET_TYPE`` if it is set, else none (DGL's
+    default, sockets; DGL 2.x has no other backend, and its ``DistGraphServer`` no
+    ``net_type`` argument)."""
+    net_type = os.environ.get(NET_TYPE_ENV)
+    return {} if net_type is None else {"net_type": net_type}
 
 
 def die_with_launcher() -> None:
@@ -541,7 +544,7 @@ def run_server() -> None:
     machine = server_id // num_servers
     isolate_shared_memory(token, machine)
     if machine == 0:
-        dgl.distributed.initialize(ip_config, net_type=dgl_net_type())  # serves, exits
+        dgl.distributed.initialize(ip_config, **dgl_net_type_kwargs())  # serves, then exits
         return
     # Machine 0's server shares its graph with the (co-located) trainers; the
     # others must not write the same segments (they are named after the graph).
@@ -549,7 +552,7 @@ def run_server() -> None:
         server_id, ip_config, num_servers, int(os.environ["DGL_NUM_CLIENT"]),
         os.environ["DGL_CONF_PATH"], disable_shared_mem=True,
         graph_format=os.environ.get("DGL_GRAPH_FORMAT", "csc").split(","),
-        net_type=dgl_net_type())
+        **dgl_net_type_kwargs())
     server.start()
 
 
@@ -610,7 +613,7 @@ def connect_trainer(threads: int = 1, gloo_timeout_s: float = 1800.0
     if token is not None:
         isolate_shared_memory(token, machine=0)
     # before init_process_group
-    dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"], net_type=dgl_net_type())
+    dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"], **dgl_net_type_kwargs())
     if token is not None and dgl.distributed.rpc.get_machine_id() != 0:
         raise RuntimeError("on one host every trainer should be DGL's machine 0, this one is "
                            f"{dgl.distributed.rpc.get_machine_id()}")
