@@ -286,13 +286,16 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
         assert report["wrong"] == 0
 
 
+@pytest.mark.parametrize("mode", ["break-samplers", "break-samplers2"])
 def test_epochs_left_early_with_dgl_sampler_processes_leave_no_batches_behind(
-        part_dir: Path, tmp_path: Path) -> None:
+        mode: str, part_dir: Path, tmp_path: Path) -> None:
     """DGL's sampler processes keep preparing the batches of a pass left early; pingpong
     receives and drops them before the next pass, so each whole epoch after three left
     early has exactly the trainer's seeds (without that, ``no-drain``, it starts with
-    the old pass's batches and misses its own last ones)."""
-    job, ranks = run_job("break-samplers", tmp_path, part_dir)
+    the old pass's batches and misses its own last ones); with one sampler process
+    per trainer and with two."""
+    job, ranks = run_job(mode, tmp_path, part_dir)
+    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
     assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
     for report in ranks:
@@ -304,7 +307,7 @@ def test_epochs_left_early_with_dgl_sampler_processes_leave_no_batches_behind(
         assert report["dropped"] > 0  # DGL had batches in flight at each break
 
 
-@pytest.mark.parametrize("mode", ["bad-id", "bad-id-samplers"])
+@pytest.mark.parametrize("mode", ["bad-id", "bad-id-samplers", "bad-id-samplers2"])
 def test_out_of_range_id_is_refused_before_any_pull(mode: str, part_dir: Path,
                                                     tmp_path: Path) -> None:
     """Batch 2 carries id N: IdRangeError in the training loop, and the DistTensors
@@ -322,7 +325,8 @@ def test_out_of_range_id_is_refused_before_any_pull(mode: str, part_dir: Path,
         assert report["feature_pulls"] == report["label_pulls"] == 2
 
 
-@pytest.mark.parametrize("mode", ["server-stop", "server-stop-samplers"])
+@pytest.mark.parametrize("mode", ["server-stop", "server-stop-samplers",
+                                  "server-stop-samplers2"])
 def test_server_stopped_mid_epoch_raises_batch_timeout(mode: str, part_dir: Path,
                                                        tmp_path: Path) -> None:
     """SIGSTOP to server 1 in the second epoch: it stays connected but never answers, so

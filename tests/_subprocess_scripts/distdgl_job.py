@@ -76,8 +76,10 @@ Modes (what a trainer does):
     ``server-kill``, ``server-stop``, ``bad-id`` with one DGL sampler process
     per trainer: the sampling (and its RPCs) runs in that process, the
     producer only receives its batches and pulls the rows.
-``equal-samplers2``, ``server-kill-samplers2``
-    ``equal``, ``server-kill`` with two DGL sampler processes per trainer
+``equal-samplers2``, ``break-samplers2``, ``bad-id-samplers2``,
+``server-stop-samplers2``, ``server-kill-samplers2``
+    ``equal``, ``break-samplers``, ``bad-id``, ``server-stop``,
+    ``server-kill`` with two DGL sampler processes per trainer
     (``DGL_NUM_SAMPLER=2``): DGL hands the batches out to them in turn and
     receives them from one shared queue, in the order they are finished.
 
@@ -452,7 +454,8 @@ HETERO_NODES = {"paper": 3000, "author": 2000}
 SAMPLER_MODES = ("equal-samplers", "break-samplers", "server-kill-samplers",
                  "bad-id-samplers", "server-stop-samplers")
 #: Modes with two.
-TWO_SAMPLER_MODES = ("equal-samplers2", "server-kill-samplers2")
+TWO_SAMPLER_MODES = ("equal-samplers2", "break-samplers2", "bad-id-samplers2",
+                     "server-stop-samplers2", "server-kill-samplers2")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
 PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2")
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
@@ -649,7 +652,7 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
 
 
 def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
-    """With a DGL sampler process: three epochs left after two batches, then two whole
+    """With DGL sampler processes: three epochs left after two batches, then two whole
     epochs; every batch checked against the original tables, each whole epoch's seeds
     compared with the trainer's share."""
     from pingpong.forms._dgl_dist import DistLoaderSource
@@ -678,7 +681,7 @@ def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[st
                               order.sort().values, tr.train_nids.sort().values))})
         dropped = loader._source.dropped_batches  # type: ignore[attr-defined]
     return {"checked": truth.checked, "wrong": truth.wrong, "whole_epochs": whole,
-            "dropped": dropped}
+            "dropped": dropped, "sampler_processes": count_sampler_processes()}
 
 
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
@@ -690,7 +693,9 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-kill-samplers": trainer_server_loss,
             "server-stop": trainer_server_loss,
-            "equal-samplers2": trainer_equal, "server-kill-samplers2": trainer_server_loss}
+            "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
+            "bad-id-samplers2": trainer_bad_id, "server-stop-samplers2": trainer_server_loss,
+            "server-kill-samplers2": trainer_server_loss}
 
 
 def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
