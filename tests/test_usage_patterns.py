@@ -347,13 +347,18 @@ class UsagePatterns(RuleBasedStateMachine):
         return [i for i in self.iterators if i["owner"] is owner and i["state"] == "running"]
 
     @precondition(lambda self: len(self.loaders) < 2)
-    @rule(on_fake=st.booleans(), num_buffers=st.integers(2, 3), sample_ahead=st.booleans())
-    def create(self, on_fake: bool, num_buffers: int, sample_ahead: bool) -> None:
+    @rule(on_fake=st.booleans(), num_buffers=st.integers(2, 3), sample_ahead=st.booleans(),
+          pin_producer=st.booleans())
+    def create(self, on_fake: bool, num_buffers: int, sample_ahead: bool,
+               pin_producer: bool) -> None:
         self.seed += 1
         device = fake(seed=self.seed, max_delay_s=0.001) if on_fake else "cpu"
+        # producer_cpus: one CPU of those this thread may use (Linux), or none
+        cpus = (sorted(os.sched_getaffinity(0))[-1:]
+                if pin_producer and hasattr(os, "sched_getaffinity") else None)
         loader = PingPongLoader(SeqSource(self.triples, shuffle=False), self.features,
                                 self.labels, device=device, num_buffers=num_buffers, timeout=20,
-                                sample_ahead=sample_ahead)
+                                sample_ahead=sample_ahead, producer_cpus=cpus)
         verifier = Verifier(device, self.expected)
         self.verifiers.append(verifier)
         self.loaders.append({"loader": loader, "verifier": verifier, "dropped": False})
