@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 import _common
+import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -166,14 +167,14 @@ def cores_besides(core: int) -> frozenset[int]:
     return frozenset(allowed - {core})
 
 
-def _move_threads(pid: int | str, cpus: frozenset[int], but: int | None = None) -> None:
-    """Every thread of ``pid`` (``"self"``: this process) except ``but`` onto ``cpus``;
-    a thread that ends meanwhile is skipped."""
-    with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-        for tid in map(int, os.listdir(f"/proc/{pid}/task")):
-            if tid != but:
+def _move_threads(proc: psutil.Process, cpus: frozenset[int], but: int | None = None) -> None:
+    """Every thread of ``proc`` except ``but`` onto ``cpus``; a thread (or process) that
+    ends meanwhile is skipped."""
+    with contextlib.suppress(psutil.Error):
+        for thread in proc.threads():
+            if thread.id != but:
                 with contextlib.suppress(ProcessLookupError):
-                    os.sched_setaffinity(tid, cpus)
+                    os.sched_setaffinity(thread.id, cpus)
 
 
 def pin_training_thread(core: int, others: frozenset[int]) -> None:
@@ -185,18 +186,13 @@ def pin_training_thread(core: int, others: frozenset[int]) -> None:
     with ``DGL_ROLE=server``) move to ``others``; the producer threads, started
     later, get there through ``producer_cpus``.
     """
-    _move_threads("self", others, but=threading.get_native_id())
+    _move_threads(psutil.Process(), others, but=threading.get_native_id())
     servers = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getppid() and b"DGL_ROLE=server" in environ:
-            _move_threads(pid, others)
-            servers += 1
+    for sibling in psutil.Process(os.getppid()).children():
+        with contextlib.suppress(psutil.Error):
+            if sibling.environ().get("DGL_ROLE") == "server":
+                _move_threads(sibling, others)
+                servers += 1
     if servers == 0:
         raise SystemExit("--pin-training-core: found none of the launcher's DGL servers")
     os.sched_setaffinity(0, {core})
@@ -315,13 +311,14 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     # the GIL, a batch, a lock, DDP's reducer)
                     split[f"{k}_main_runq_s"] = statistics.median(
                         r["main_runq_s"] for r in these)
-                    split[f"{k}_main_blocked_s"] = statistics.median(
-                        r["epoch_s_rank"] - r["main_cpu_s"] - r["main_runq_s"] for r in these)
+                    blocked = [r["epoch_s_rank"] - r["main_cpu_s"] - r["main_runq_s"]
+                               for r in these]
+                    split[f"{k}_main_blocked_s"] = statistics.median(blocked)
                     # blocked beyond the waits for a batch, row by row (the stall is wall
                     # time in next(), which may itself include time off-core)
                     split[f"{k}_main_other_blocked_s"] = statistics.median(
-                        r["epoch_s_rank"] - r["main_cpu_s"] - r["main_runq_s"]
-                        - r.get("consumer_stall_s", 0.0) for r in these)
+                        b - r.get("consumer_stall_s", 0.0)
+                        for b, r in zip(blocked, these, strict=True))
                 if all("machine_cpu_s" in r for r in these):  # rank 0's view of the machine
                     split[f"{k}_machine_cpu_s"] = statistics.median(
                         r["machine_cpu_s"] for r in these)
@@ -335,6 +332,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     **{f"{k}_steps_s": v for k, v in steps_s.items()},
                     **{f"{k}_cpu_s": v for k, v in cpu.items()}, **split})
     return out
+
+
+def judged_point(summary: list[dict[str, Any]]) -> dict[str, Any]:
+    """The delay whose load/compute ratio is closest to 1 (where the speedup is judged)."""
+    return min(summary, key=lambda r: abs(r["load_over_compute"] - 1.0))
 
 
 def render(report: dict[str, Any]) -> str:
@@ -502,8 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         report = json.loads(args.from_json.read_text())
         # the summary again from the rows, as this version of summarize() makes it
         report["summary"] = summarize(report["rows"])
-        report["judged"] = min(report["summary"],
-                               key=lambda r: abs(r["load_over_compute"] - 1.0))
+        report["judged"] = judged_point(report["summary"])
         _common.write_results(args.out, args.name, report, render(report), lambda r, p: None)
         return 0
     return launcher(args, sys.argv[1:] if argv is None else argv)
@@ -540,7 +541,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
         print("--kinds: a profiling run, no report", file=sys.stderr)
         return 0
     summary = summarize(result["rows"])
-    judged = min(summary, key=lambda r: abs(r["load_over_compute"] - 1.0))
+    judged = judged_point(summary)
     report = {
         "command": _common.command_line(), "machine": machine, "wall_s": wall,
         "load_before": [round(x, 2) for x in load_before] if load_before else None,
