@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import signal
 import socket
@@ -89,6 +90,15 @@ def run_job(mode: str, out: Path, part_dir: Path) -> tuple[dict[str, Any], list[
     return job, ranks
 
 
+def run_clean_job(mode: str, out: Path, part_dir: Path) -> list[dict[str, Any]]:
+    """:func:`run_job`, which must end with both trainers and both servers exiting 0;
+    the ranks' JSON."""
+    job, ranks = run_job(mode, out, part_dir)
+    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
+    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(out)
+    return ranks
+
+
 def job_logs(out: Path) -> str:
     """The tails of a job's server and trainer logs, for a failure message."""
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
@@ -148,9 +158,24 @@ def assert_two_equal_epochs(epochs: list[dict[str, Any]]) -> None:
 
 
 # --------------------------------------------------------------------------- tests
+def assert_negatives_seed_edges_and_one_warning(report: dict[str, Any]) -> None:
+    """An edge-prediction trainer's report (``exclude="self"``): negatives sampled,
+    seed edges left in the blocks by DGL (if a DGL version honours ``exclude``,
+    this and the warning go), pingpong's one warning about it, and rows both read
+    in place and pulled."""
+    assert report["negatives"] > 0
+    assert report["seed_edges_in_blocks"] > 0
+    assert len(report["warnings"]) == 1, report["warnings"]
+    assert "exclude='self'" in report["warnings"][0]
+    assert "ignores exclude_edges" in report["warnings"][0]
+    assert report["stats"]["rows_read_in_place"] > 0
+    assert report["stats"]["rows_fetched"] > 0
+
+
 def expected_samplers(mode: str) -> int:
     """DGL sampler processes per trainer the mode asks for (``distdgl_job.py``)."""
-    return 2 if mode.endswith("samplers2") else int(mode.endswith("samplers"))
+    digits = mode.rpartition("-samplers")[2]
+    return int(digits) if digits.isdigit() else int(mode.endswith("-samplers"))
 
 
 @pytest.mark.parametrize("mode", ["equal", "equal-samplers", "equal-samplers2"])
@@ -161,11 +186,8 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
     DistTensors, bit for bit, and the original tables through DGL's renumbering.
     ``equal-samplers``: the same with a DGL sampler process per trainer,
     ``equal-samplers2`` with two (whose batches arrive in the order they finish)."""
-    job, ranks = run_job(mode, tmp_path, part_dir)
+    ranks = run_clean_job(mode, tmp_path, part_dir)  # servers shut down by DGL's last trainer
     assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
-    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
-    # shut down by DGL's last trainer
-    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
     for report in ranks:
         assert report["loader"] == "PingPongLoader"
         epochs = report["epochs"]
@@ -199,10 +221,10 @@ def test_pingpong_over_a_heterogeneous_distgraph_equals_synchronous_pulls(
     """Paper and author nodes, a DistTensor per node type (float32 and float64 of
     another width) and paper labels, ``heterogeneous=True``: two shuffled epochs on
     both trainers, every table of every batch bit-identical to the synchronous pulls
-    and to the original tables; each node type's local partition read in place."""
-    job, ranks = run_job("hetero-equal", tmp_path, part_dir)
-    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
-    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    and to the original tables; each node type's local partition read in place. An
+    R-GCN-style DDP model trains on the batches: both trainers end with the same
+    weights (``no-ddp``: they do not)."""
+    ranks = run_clean_job("hetero-equal", tmp_path, part_dir)
     for report in ranks:
         epochs = report["epochs"]
         assert_two_equal_epochs(epochs)
@@ -215,6 +237,9 @@ def test_pingpong_over_a_heterogeneous_distgraph_equals_synchronous_pulls(
         local = sum(e["local_rows"] for e in epochs)
         assert report["stats"]["rows_read_in_place"] == local > 0
         assert report["stats"]["rows_fetched"] == sum(e["rows"] for e in epochs) - local > 0
+        assert len(report["losses"]) == sum(e["batches"] for e in epochs)
+        assert all(math.isfinite(loss) for loss in report["losses"])
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
 
 
 def test_pingpong_over_distedgedataloader_equals_synchronous_pulls(
@@ -225,22 +250,32 @@ def test_pingpong_over_distedgedataloader_equals_synchronous_pulls(
     ids once. DGL ignores ``exclude`` on a ``DistGraph`` (its ``sample_neighbors``
     drops ``exclude_edges``; 1.1.3 and 2.1.0): the blocks hold seed edges, and
     pingpong warns about it, once (``no-exclude``: no exclude asked for, no warning)."""
-    job, ranks = run_job("edge-equal", tmp_path, part_dir)
-    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
-    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    ranks = run_clean_job("edge-equal", tmp_path, part_dir)
     for report in ranks:
         assert report["batch_types"] == ["NegativeEdgeBatch"]
         assert report["batches"] == report["len_loader"] > 1
         assert report["mismatch_vs_sync_pull"] == 0
         assert report["edges_are_share"]
-        assert report["negatives"] > 0
-        # DGL's behaviour (if a DGL version honours exclude, this and the warning go)
-        assert report["seed_edges_in_blocks"] > 0
-        assert len(report["warnings"]) == 1, report["warnings"]
-        assert "exclude='self'" in report["warnings"][0]
-        assert "ignores exclude_edges" in report["warnings"][0]
-        assert report["stats"]["rows_read_in_place"] > 0
-        assert report["stats"]["rows_fetched"] > 0
+        assert_negatives_seed_edges_and_one_warning(report)
+
+
+def test_edge_prediction_on_a_heterogeneous_distgraph_equals_synchronous_pulls(
+        part_dir: Path, tmp_path: Path) -> None:
+    """``DistEdgeDataLoader`` on the heterogeneous DistGraph, seed edges of two edge
+    types, uniform negatives, ``exclude="self"``, a DistTensor per node type,
+    ``heterogeneous=True``: every table of every batch equals the synchronous pulls
+    and the original tables, bit for bit; the positive edges of each type cover the
+    trainer's share once; DGL leaves seed edges in the blocks of a heterogeneous
+    DistGraph too, and pingpong warns once (``no-exclude``: no warning)."""
+    ranks = run_clean_job("edge-hetero", tmp_path, part_dir)
+    for report in ranks:
+        assert report["batch_types"] == ["NegativeEdgeBatch"]
+        assert report["batches"] == report["len_loader"] > 1
+        assert report["node_types_seen"] == ["author", "paper"]
+        assert report["mismatch_vs_sync_pull"] == 0
+        assert report["mismatch_vs_original"] == 0
+        assert report["edges_are_share"] == {"cites": True, "writes": True}
+        assert_negatives_seed_edges_and_one_warning(report)
 
 
 def test_edge_labels_over_distedgedataloader_equal_synchronous_pulls(
@@ -249,9 +284,7 @@ def test_edge_labels_over_distedgedataloader_equal_synchronous_pulls(
     with ``edge_labels=g.edata["label"]``: every batch's x and y equal the pulls at
     ``input_nodes`` and ``pair_graph.edata[dgl.EID]`` and the original tables; the
     local edge partition is one id range, its labels read in place (counted)."""
-    job, ranks = run_job("edge-labels", tmp_path, part_dir)
-    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
-    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    ranks = run_clean_job("edge-labels", tmp_path, part_dir)
     for report in ranks:
         assert report["batch_types"] == ["EdgeBatch"]
         assert report["batches"] == report["len_loader"] > 1
@@ -274,9 +307,7 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
     thread-safe): no error, every batch and pull right. Without the lock
     (``no-rpc-lock``), or with the training thread's pulls outside the turn
     (``no-turn``), DGL mixes up the replies (``KeyError``)."""
-    job, ranks = run_job("early-exit", tmp_path, part_dir)
-    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
-    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
+    ranks = run_clean_job("early-exit", tmp_path, part_dir)
     for report in ranks:
         assert report["errors"] == [], job_logs(tmp_path)
         val = report["val_batches"]
@@ -286,18 +317,16 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
         assert report["wrong"] == 0
 
 
-@pytest.mark.parametrize("mode", ["break-samplers", "break-samplers2"])
+@pytest.mark.parametrize("mode", ["break-samplers", "break-samplers2", "break-samplers3"])
 def test_epochs_left_early_with_dgl_sampler_processes_leave_no_batches_behind(
         mode: str, part_dir: Path, tmp_path: Path) -> None:
     """DGL's sampler processes keep preparing the batches of a pass left early; pingpong
     receives and drops them before the next pass, so each whole epoch after three left
     early has exactly the trainer's seeds (without that, ``no-drain``, it starts with
-    the old pass's batches and misses its own last ones); with one sampler process
-    per trainer and with two."""
-    job, ranks = run_job(mode, tmp_path, part_dir)
+    the old pass's batches and misses its own last ones); with one, two and three
+    sampler processes per trainer."""
+    ranks = run_clean_job(mode, tmp_path, part_dir)
     assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
-    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
-    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
     for report in ranks:
         assert report["wrong"] == 0
         whole = report["whole_epochs"]
@@ -313,16 +342,29 @@ def test_out_of_range_id_is_refused_before_any_pull(mode: str, part_dir: Path,
     """Batch 2 carries id N: IdRangeError in the training loop, and the DistTensors
     were pulled for batches 0 and 1 only -- never with the bad id (also with a DGL
     sampler process per trainer)."""
-    job, ranks = run_job(mode, tmp_path, part_dir)
+    ranks = run_clean_job(mode, tmp_path, part_dir)
     assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
-    assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
-    assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(tmp_path)
     for report in ranks:
         assert report["exception"] == "IdRangeError"
         assert report["is_id_range_error"]
         assert f"= {report['num_rows']} is out of range" in report["message"]
         assert report["delivered"] == report["bad_batch"] == 2
         assert report["feature_pulls"] == report["label_pulls"] == 2
+
+
+def test_out_of_range_id_of_one_node_type_is_refused_before_any_pull(
+        part_dir: Path, tmp_path: Path) -> None:
+    """Heterogeneous: batch 2 carries author id N among valid paper ids: IdRangeError
+    naming the author table, and no table -- not even the papers' -- was pulled
+    for that batch."""
+    ranks = run_clean_job("hetero-bad-id", tmp_path, part_dir)
+    for report in ranks:
+        assert report["exception"] == "IdRangeError"
+        assert report["is_id_range_error"]
+        assert f"= {report['num_rows']} is out of range" in report["message"]
+        assert "input_nodes['author']" in report["message"]
+        assert report["delivered"] == report["bad_batch"] == 2
+        assert report["pulls"] == {"paper": 2, "author": 2, "label": 2}
 
 
 @pytest.mark.parametrize("mode", ["server-stop", "server-stop-samplers",

@@ -34,7 +34,15 @@ Modes (what a trainer does):
     ``equal`` on a heterogeneous graph (``paper`` and ``author`` nodes, three
     edge types; float32 paper features, float64 author features of another
     width, paper labels), two epochs over a ``DistNodeDataLoader`` with paper
-    seeds, one ``DistTensor`` per node type, ``heterogeneous=True``; no model.
+    seeds, one ``DistTensor`` per node type, ``heterogeneous=True``, training
+    an R-GCN-style DDP model (the trainers' final weights recorded).
+``edge-hetero``
+    ``edge-equal`` on the heterogeneous graph: a ``DistEdgeDataLoader`` with
+    seed edges of two edge types (``cites``, ``writes``), uniform negatives and
+    ``exclude="self"``, one ``DistTensor`` per node type,
+    ``heterogeneous=True``; each batch's tables against the rows pulled
+    afterwards and the original tables, its blocks' edges against its seed
+    edges, type by type; warnings recorded.
 ``edge-labels``
     Edge classification on DistDGL: a homogeneous graph with an edge label
     ``DistTensor`` (``g.edata["label"]``), one shuffled epoch over a
@@ -55,6 +63,10 @@ Modes (what a trainer does):
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
     (``DelayedRows``, itself a row source, around each ``DistTensor``).
+``hetero-bad-id``
+    ``bad-id`` on the heterogeneous graph: the third batch gets the author id
+    one past the last; paper and author features and paper labels are counted
+    pulls.
 ``server-kill`` / ``server-stop``
     Epochs with a loader ``timeout``, each step taking 0.2 s; in the second
     epoch the launcher sends SIGKILL (``server-kill``) or SIGSTOP
@@ -82,11 +94,14 @@ Modes (what a trainer does):
     ``server-kill`` with two DGL sampler processes per trainer
     (``DGL_NUM_SAMPLER=2``): DGL hands the batches out to them in turn and
     receives them from one shared queue, in the order they are finished.
+``break-samplers3``
+    ``break-samplers`` with three DGL sampler processes per trainer.
 
 ``PINGPONG_DISTDGL_BREAK`` breaks a mode on purpose (to see the test fail):
-``wrong-pull`` (equal, edge-equal: compare against the rows of the wrong ids),
-``no-exclude`` (edge-equal: no ``exclude`` asked for, so no check),
-``in-range`` (bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit: the
+``wrong-pull`` (equal, edge-equal, edge-hetero, edge-labels, hetero-equal: compare against the
+rows of the wrong ids), ``no-ddp`` (hetero-equal: each trainer trains alone),
+``no-exclude`` (edge-equal, edge-hetero: no ``exclude`` asked for, so no check),
+``in-range`` (bad-id, hetero-bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit: the
 producers do not take turns in DGL's RPC client), ``no-turn`` (early-exit: the
 training thread's own pulls do not take their turn), ``no-drain``
 (break-samplers: DGL's batches for a pass left early are not received), ``no-timeout`` (server-stop:
@@ -228,17 +243,27 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     policy = feat.part_policy
     local_ids = torch.nonzero(policy.to_partid(torch.arange(tr.g.num_nodes()))
                               == policy.part_id).reshape(-1)
-    params = hashlib.sha256()
-    module: torch.nn.Module = model.module  # type: ignore[assignment]
-    for t in module.state_dict().values():
-        params.update(bits(t).numpy().tobytes())
     return {"epochs": epochs, "loader": type(loader).__name__, "stats": stats,
             "watched": watched, "sampler_processes": sampler_processes,
             "local_id_ranges": id_ranges,
             "local_ids_by_policy": [int(local_ids[0]), int(local_ids[-1]) + 1,
                                     int(local_ids.numel())],
             "train_share": tr.train_nids.tolist(), "num_nodes": tr.g.num_nodes(),
-            "params_sha256": params.hexdigest()}
+            "params_sha256": params_sha256(model)}
+
+
+def edge_prediction_loader(g: Any, eids: Any) -> Any:
+    """A shuffled ``DistEdgeDataLoader`` over ``eids`` with one uniform negative per
+    edge and ``exclude="self"`` (``no-exclude``: none asked for). DGL's EdgeCollator
+    builds the pair graphs: a plain neighbour sampler, negatives as a keyword
+    (``as_edge_prediction_sampler`` is for the non-distributed loader)."""
+    import dgl
+
+    return dgl.dataloading.DistEdgeDataLoader(
+        g, eids, dgl.dataloading.NeighborSampler(FANOUTS),
+        negative_sampler=dgl.dataloading.negative_sampler.Uniform(1),
+        exclude=None if BREAK == "no-exclude" else "self",
+        batch_size=BATCH_SIZE, shuffle=True, drop_last=False)
 
 
 def trainer_edge_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
@@ -251,13 +276,7 @@ def trainer_edge_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
     feat = tr.g.ndata["feat"]
     # This trainer's edges: every other one of the first 2,400 (DGL's global edge ids).
     eids = torch.arange(tr.rank, min(tr.g.num_edges(), 2400), 2)
-    # DGL's EdgeCollator builds the pair graphs: a plain neighbour sampler, negatives
-    # as a keyword (as_edge_prediction_sampler is for the non-distributed loader).
-    source = dgl.dataloading.DistEdgeDataLoader(
-        tr.g, eids, dgl.dataloading.NeighborSampler(FANOUTS),
-        negative_sampler=dgl.dataloading.negative_sampler.Uniform(1),
-        exclude=None if BREAK == "no-exclude" else "self",
-        batch_size=BATCH_SIZE, shuffle=True, drop_last=False)
+    source = edge_prediction_loader(tr.g, eids)
     kept = []
     seeds_in_blocks = 0
     with warnings.catch_warnings(record=True) as caught, \
@@ -351,6 +370,57 @@ def trainer_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     return result
 
 
+class InjectTypedId:
+    """Yields a heterogeneous source's items; item ``at`` gets ``bad_id`` appended to
+    its input nodes of type ``ntype``."""
+
+    def __init__(self, source: Any, at: int, ntype: str, bad_id: int) -> None:
+        self.source, self.at, self.ntype, self.bad_id = source, at, ntype, bad_id
+
+    def __iter__(self):
+        for i, (input_nodes, output_nodes, blocks) in enumerate(self.source):
+            if i == self.at:
+                input_nodes = dict(input_nodes)
+                input_nodes[self.ntype] = torch.cat([input_nodes[self.ntype],
+                                                     torch.tensor([self.bad_id])])
+            yield input_nodes, output_nodes, blocks
+
+
+def trainer_hetero_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """``bad-id`` on the heterogeneous DistGraph: batch 2 gets the author id one past
+    the last; every table (paper and author features, paper labels) counts its pulls
+    (``DelayedRows``, no local reads), so the counts say which batches were pulled."""
+    import dgl
+
+    g = tr.g
+    tables = {"paper": td.DelayedRows(g.nodes["paper"].data["feat"], local=False),
+              "author": td.DelayedRows(g.nodes["author"].data["feat"], local=False),
+              "label": td.DelayedRows(g.nodes["paper"].data["label"], local=False)}
+    n = g.num_nodes("author")
+    bad = n - 1 if BREAK == "in-range" else n
+    source = InjectTypedId(dgl.dataloading.DistNodeDataLoader(
+        g, {"paper": tr.train_nids}, dgl.dataloading.NeighborSampler(FANOUTS),
+        batch_size=BATCH_SIZE, shuffle=True, drop_last=False), at=2, ntype="author", bad_id=bad)
+    delivered, pulls_at_delivery = 0, []
+    result: dict[str, Any] = {"num_rows": n, "bad_id": bad, "bad_batch": 2}
+    with pingpong.PingPongLoader(source, {t: tables[t] for t in HETERO_NODES},
+                                 {"paper": tables["label"]}, heterogeneous=True,
+                                 device="cpu", timeout=120) as loader:
+        try:
+            for _ in loader:
+                delivered += 1
+                pulls_at_delivery.append({k: t.pulls for k, t in tables.items()})
+            result["exception"] = None
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            result["exception"] = type(exc).__name__
+            result["is_id_range_error"] = isinstance(exc, pingpong.IdRangeError)
+            result["message"] = str(exc)
+        result["pulls"] = {k: t.pulls for k, t in tables.items()}
+    result["delivered"] = delivered
+    result["pulls_at_delivery"] = pulls_at_delivery
+    return result
+
+
 def watched_servers(loader: pingpong.PingPongLoader) -> list[str] | None:
     watch = loader.server_watch
     return None if watch is None else [f"{s.label} {s.ip}:{s.port}" for s in watch.servers]
@@ -395,7 +465,7 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
 
 
 def partition_small(mode: str, part_dir: Path) -> Path:
-    """Partition the small graph of ``mode`` (``hetero-equal``, ``edge-labels``) into
+    """Partition the small graph of ``mode`` (``SMALL_GRAPHS``) into
     ``part_dir`` (reused when there); ``orig.pt`` holds DGL's mappings from new ids
     to the original ones and the original tables."""
     import dgl
@@ -416,7 +486,8 @@ def partition_small(mode: str, part_dir: Path) -> Path:
 
 
 def hetero_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]]:
-    """``hetero-equal``'s graph, and its tables by ``(node type, name)``."""
+    """``hetero-equal``'s and ``edge-hetero``'s graph, and its tables by
+    ``(node type, name)``."""
     import dgl
 
     papers, authors = HETERO_NODES["paper"], HETERO_NODES["author"]
@@ -450,20 +521,20 @@ def edge_label_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]
 
 
 HETERO_NODES = {"paper": 3000, "author": 2000}
-#: Modes with one DGL sampler process per trainer.
-SAMPLER_MODES = ("equal-samplers", "break-samplers", "server-kill-samplers",
-                 "bad-id-samplers", "server-stop-samplers")
-#: Modes with two.
-TWO_SAMPLER_MODES = ("equal-samplers2", "break-samplers2", "bad-id-samplers2",
-                     "server-stop-samplers2", "server-kill-samplers2")
+#: The edge types ``edge-hetero`` takes its seed edges from.
+EDGE_SEED_TYPES = ("cites", "writes")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
 PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2")
-SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-labels": edge_label_graph}
+SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-hetero": hetero_graph,
+                "hetero-bad-id": hetero_graph,
+                "edge-labels": edge_label_graph}
 
 
 def sampler_processes(mode: str) -> int:
-    """DGL sampler processes per trainer in ``mode``."""
-    return 2 if mode in TWO_SAMPLER_MODES else int(mode in SAMPLER_MODES)
+    """DGL sampler processes per trainer in ``mode``: ``N`` for a mode ending in
+    ``-samplersN``, one for ``-samplers``, else none."""
+    base, _, count = mode.rpartition("-samplers")
+    return 0 if not base else int(count or 1)
 
 
 def init_plain_trainer() -> td.Trainer:
@@ -501,6 +572,8 @@ def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str,
     source = dgl.dataloading.DistNodeDataLoader(
         g, {"paper": share}, dgl.dataloading.NeighborSampler(FANOUTS), batch_size=BATCH_SIZE,
         shuffle=True, drop_last=False)
+    model, opt = hetero_ddp_model(g, {t: f.shape[1] for t, f in feats.items()})
+    losses = []
     epochs = []
     with pingpong.PingPongLoader(source, feats, labels, heterogeneous=True, device="cpu",
                                  timeout=120) as loader:
@@ -511,6 +584,11 @@ def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str,
                              batch.output_nodes["paper"].clone(),
                              {t: x.clone() for t, x in batch.x.items()},
                              batch.y["paper"].clone()))
+                loss = F.cross_entropy(model(batch.blocks, batch.x), batch.y["paper"])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(float(loss))
             diff_sync = diff_truth = rows = local_rows = 0
             types_seen: set[str] = set()
             for input_nodes, seeds, x, y in kept:
@@ -538,7 +616,109 @@ def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str,
         stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
         id_ranges = local_id_ranges(loader)
     return {"epochs": epochs, "stats": stats, "local_id_ranges": id_ranges,
-            "dtypes": {t: str(x.dtype) for t, x in kept[0][2].items()}}
+            "dtypes": {t: str(x.dtype) for t, x in kept[0][2].items()},
+            "losses": losses, "params_sha256": params_sha256(model)}
+
+
+class HeteroSAGE(torch.nn.Module):
+    """Two R-GCN-style layers (a mean SAGE convolution per edge type, summed per
+    destination type) over per-type input projections; float64 inputs are cast."""
+
+    def __init__(self, etypes: list[str], in_feats: dict[str, int], hidden: int,
+                 classes: int) -> None:
+        import dgl.nn as dglnn
+
+        super().__init__()
+        self.proj = torch.nn.ModuleDict({t: torch.nn.Linear(n, hidden)
+                                         for t, n in in_feats.items()})
+        self.layers = torch.nn.ModuleList(
+            dglnn.HeteroGraphConv({et: dglnn.SAGEConv(hidden, out, "mean") for et in etypes},
+                                  aggregate="sum")
+            for out in (hidden, classes))
+
+    def forward(self, blocks: list[Any], x: dict[str, torch.Tensor]) -> torch.Tensor:
+        h = {t: self.proj[t](v.float()) for t, v in x.items()}
+        for i, (layer, block) in enumerate(zip(self.layers, blocks, strict=True)):
+            h = layer(block, (h, {t: v[: block.num_dst_nodes(t)] for t, v in h.items()}))
+            if i == 0:
+                h = {t: F.relu(v) for t, v in h.items()}
+        return h["paper"]
+
+
+def hetero_ddp_model(g: Any, in_feats: dict[str, int]
+                     ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """``HeteroSAGE`` under DDP, the same initial weights on every trainer (the last
+    layer's convolutions into authors feed no loss: ``find_unused_parameters``).
+    ``no-ddp`` breaks it: each trainer trains its own model."""
+    torch.manual_seed(0)
+    model: torch.nn.Module = HeteroSAGE(list(g.etypes), in_feats, 16, 5)
+    if BREAK != "no-ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    return model, torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def params_sha256(model: torch.nn.Module) -> str:
+    """A digest of the model's weights, bit for bit (a DDP model's own module's)."""
+    module = getattr(model, "module", model)
+    digest = hashlib.sha256()
+    for t in module.state_dict().values():
+        digest.update(bits(t).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def trainer_edge_hetero(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """A shuffled epoch of edge prediction on the heterogeneous DistGraph: seed edges
+    of two edge types, uniform negatives, ``exclude="self"``; every batch's tables
+    against the rows pulled afterwards and the original tables, node type by node
+    type; the batch's seed edges counted among its blocks' edges, type by type."""
+    import dgl
+
+    g = tr.g
+    feats = {t: g.nodes[t].data["feat"] for t in HETERO_NODES}
+    truth = torch.load(part_dir / "edge-hetero" / "orig.pt")
+    # This trainer's edges of each seed type: every other one of the first 1,200.
+    eids = {et: torch.arange(tr.rank, min(g.num_edges(et), 1200), 2) for et in EDGE_SEED_TYPES}
+    source = edge_prediction_loader(g, eids)
+    kept = []
+    seeds_in_blocks = 0
+    with warnings.catch_warnings(record=True) as caught, \
+            pingpong.PingPongLoader(source, feats, heterogeneous=True, device="cpu",
+                                    timeout=120) as loader:
+        warnings.simplefilter("always")
+        for batch in loader:
+            pair = batch.pair_graph
+            seeds = {et: pair.edges[et].data[dgl.EID].clone() for et in pair.canonical_etypes}
+            for block in batch.blocks:
+                for et, ids in seeds.items():
+                    if et in block.canonical_etypes:
+                        seeds_in_blocks += int(torch.isin(block.edges[et].data[dgl.EID],
+                                                          ids).sum())
+            kept.append((type(batch).__name__,
+                         {t: i.clone() for t, i in batch.input_nodes.items()},
+                         {t: x.clone() for t, x in batch.x.items()}, seeds,
+                         batch.neg_pair_graph.num_edges()))
+        stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
+        len_loader = len(loader)
+    # The epoch is over: the producer no longer uses DGL's RPC.
+    diff_sync = diff_truth = 0
+    types_seen: set[str] = set()
+    for _name, input_nodes, x, _seeds, _neg in kept:
+        types_seen |= {t for t, ids in input_nodes.items() if len(ids)}
+        for t, ids in input_nodes.items():
+            ref = ids.roll(1) if BREAK == "wrong-pull" else ids
+            diff_sync += not same_bits(x[t], feats[t][ref])
+            diff_truth += not same_bits(
+                x[t], truth["tables"][(t, "feat")][truth["orig_nids"][t][ids]])
+    seen = {}
+    for et in EDGE_SEED_TYPES:
+        ids = [k[3][c] for k in kept for c in k[3] if c[1] == et]
+        seen[et] = bool(torch.equal(torch.cat(ids).sort().values, eids[et]))
+    return {"batch_types": sorted({k[0] for k in kept}), "batches": len(kept),
+            "len_loader": len_loader, "mismatch_vs_sync_pull": diff_sync,
+            "mismatch_vs_original": diff_truth, "node_types_seen": sorted(types_seen),
+            "edges_are_share": seen, "negatives": sum(k[4] for k in kept), "stats": stats,
+            "seed_edges_in_blocks": seeds_in_blocks,
+            "warnings": [str(w.message) for w in caught]}
 
 
 def trainer_edge_labels(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
@@ -686,8 +866,8 @@ def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[st
 
 TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "early-exit": trainer_early_exit, "break-samplers": trainer_break_samplers,
-            "edge-labels": trainer_edge_labels,
-            "hetero-equal": trainer_hetero_equal,
+            "edge-labels": trainer_edge_labels, "edge-hetero": trainer_edge_hetero,
+            "hetero-equal": trainer_hetero_equal, "hetero-bad-id": trainer_hetero_bad_id,
             "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,
             "bad-id-samplers": trainer_bad_id, "server-stop-samplers": trainer_server_loss,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
@@ -695,15 +875,17 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "server-stop": trainer_server_loss,
             "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
             "bad-id-samplers2": trainer_bad_id, "server-stop-samplers2": trainer_server_loss,
-            "server-kill-samplers2": trainer_server_loss}
+            "server-kill-samplers2": trainer_server_loss,
+            "break-samplers3": trainer_break_samplers}
 
 
 def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 
     global MODE
     MODE = mode
-    tr = (init_hetero_trainer() if mode == "hetero-equal" else
-          init_plain_trainer() if mode == "edge-labels" else td.init_trainer(threads=1))
+    tr = (init_hetero_trainer() if mode.startswith("hetero") else
+          init_plain_trainer() if mode in ("edge-labels", "edge-hetero") else
+          td.init_trainer(threads=1))
     record = TRAINERS[mode](tr, out, part_dir)
     write_json(out / f"rank{tr.rank}.json", {"rank": tr.rank, "pid": os.getpid(), **record})
     td.leave_process_group(tr.rank)
