@@ -317,6 +317,28 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
         assert report["wrong"] == 0
 
 
+@pytest.mark.parametrize("mode", ["temporary", "temporary-samplers"])
+def test_temporary_loaders_over_one_distnodedataloader(mode: str, part_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """``for batch in PingPongLoader(dist_loader, ...)``, never named or closed: three
+    left after two batches, two whole epochs, then a ``zip`` of two temporary
+    loaders; each new loader over the same DGL loader as the one abandoned before
+    it. No error, every batch right, each whole epoch exactly the trainer's seeds,
+    the zip as long as the shorter loader, no pingpong thread left; also with a DGL
+    sampler process per trainer (whose batches for the abandoned passes are still
+    on their way)."""
+    ranks = run_clean_job(mode, tmp_path, part_dir)
+    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
+    for report in ranks:
+        assert report["errors"] == [], job_logs(tmp_path)
+        assert report["wrong"] == 0
+        assert report["whole_epochs_are_share"] == [True, True]
+        assert report["zipped"] == report["expected_zipped"] > 0
+        assert report["whole_epoch_batches"] == [report["train_batches"]] * 2
+        assert report["checked"] == 3 * 2 + 2 * report["train_batches"] + 2 * report["zipped"]
+        assert report["pingpong_threads_left"] == []
+
+
 @pytest.mark.parametrize("mode", ["break-samplers", "break-samplers2", "break-samplers3"])
 def test_epochs_left_early_with_dgl_sampler_processes_leave_no_batches_behind(
         mode: str, part_dir: Path, tmp_path: Path) -> None:

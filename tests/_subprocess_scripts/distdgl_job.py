@@ -55,6 +55,13 @@ Modes (what a trainer does):
     an epoch of the training loader in which the training thread pulls each
     batch's output-node features itself, inside ``pingpong.rpc_turn()``. Every
     batch and pull checked against the original tables; errors recorded.
+``temporary`` / ``temporary-samplers``
+    Temporary loaders, never named or closed (``for batch in
+    PingPongLoader(...)``) over the same ``DistNodeDataLoader``: three left
+    after two batches, two whole epochs, then a ``zip`` of two; every batch
+    checked against the original tables, each whole epoch's seeds against the
+    trainer's share, pingpong threads left afterwards recorded; without and
+    with one DGL sampler process per trainer.
 ``break-samplers``
     With one DGL sampler process per trainer: three epochs left after two
     batches, then two whole epochs; every batch checked against the original
@@ -104,7 +111,9 @@ rows of the wrong ids), ``no-ddp`` (hetero-equal: each trainer trains alone),
 ``in-range`` (bad-id, hetero-bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit: the
 producers do not take turns in DGL's RPC client), ``no-turn`` (early-exit: the
 training thread's own pulls do not take their turn), ``no-drain``
-(break-samplers: DGL's batches for a pass left early are not received), ``no-timeout`` (server-stop:
+(break-samplers, temporary-samplers: DGL's batches for a pass left early are not
+received), ``no-end`` (temporary: a dropped loader and its iterator do not end
+their epoch, so its producer runs on), ``no-timeout`` (server-stop:
 ``timeout=None``), ``no-watch`` (server-*: the loader builds no server
 watch, as before pingpong had one), ``no-signal`` (server-*: leave the server alone, so the
 trainers run on to the deadline), ``leak`` (any mode: leave a process
@@ -782,6 +791,16 @@ class AgainstOriginal:
         self.checked += 1
 
 
+def train_and_val_sources(tr: td.Trainer, part_dir: Path
+                          ) -> tuple[Any, Any, AgainstOriginal, Any, Any]:
+    """``feat``, ``label``, a checker against the original tables, and two
+    ``DistNodeDataLoader`` s: training (batch 16, shuffled) and validation (256
+    nodes, batch 64)."""
+    return (tr.g.ndata["feat"], tr.g.ndata["label"], AgainstOriginal(part_dir),
+            td.make_source(tr.g, tr.train_nids, FANOUTS, 16, shuffle=True),
+            td.make_source(tr.g, tr.val_nids[:256], FANOUTS, 64, shuffle=False))
+
+
 def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """Leave a training loader's epoch after two batches, then at once run a whole epoch
     of a second loader (validation), eight times; then both loaders in one ``zip``;
@@ -791,11 +810,8 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
         from pingpong import _rpc
 
         _rpc.RPC_LOCK = None
-    feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
-    truth = AgainstOriginal(part_dir)
+    feat, label, truth, train, val = train_and_val_sources(tr, part_dir)
     check = truth.batch
-    train = td.make_source(tr.g, tr.train_nids, FANOUTS, 16, shuffle=True)
-    val = td.make_source(tr.g, tr.val_nids[:256], FANOUTS, 64, shuffle=False)
     errors: list[str] = []
     with pingpong.PingPongLoader(train, feat, label, device="cpu", timeout=60) as train_loader, \
             pingpong.PingPongLoader(val, feat, label, device="cpu", timeout=60) as val_loader:
@@ -829,6 +845,69 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
         val_batches, train_batches = len(val_loader), len(train_loader)
     return {"checked": truth.checked, "wrong": truth.wrong, "errors": errors,
             "val_batches": val_batches, "train_batches": train_batches, "own_pulls": own_pulls}
+
+
+def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """Temporary loaders, as users write them: never named, never closed. Three times
+    ``for i, batch in enumerate(PingPongLoader(train, ...))`` left after two batches;
+    then two whole epochs, each through a new temporary loader; then
+    ``zip(PingPongLoader(train, ...), PingPongLoader(val, ...))``. Every batch checked
+    against the original tables, each whole epoch's seeds against the trainer's
+    share; pingpong threads alive afterwards counted."""
+    import gc
+    import threading
+
+    if BREAK == "no-drain":  # as before pingpong received DGL's abandoned batches
+        from pingpong.forms._dgl_dist import DistLoaderSource
+
+        DistLoaderSource.drop_abandoned_batches = lambda self: 0  # type: ignore[method-assign]
+    if BREAK == "no-end":  # a dropped loader and its iterator leave their producer running
+        from pingpong import _epoch
+        from pingpong import loader as loader_module
+
+        loader_module._close = lambda core, watch: None  # type: ignore[assignment]
+        _epoch.EpochIterator.__del__ = lambda self: None  # type: ignore[method-assign]
+    feat, label, truth, train, val = train_and_val_sources(tr, part_dir)
+    check = truth.batch
+    errors: list[str] = []
+    whole, whole_batches = [], []
+    zipped = 0
+    try:
+        for _ in range(3):
+            for i, batch in enumerate(pingpong.PingPongLoader(train, feat, label, device="cpu",
+                                                              timeout=60)):
+                check(batch)
+                if i == 1:
+                    break
+        for _ in range(2):
+            seeds = []
+            for batch in pingpong.PingPongLoader(train, feat, label, device="cpu", timeout=60):
+                check(batch)
+                seeds.append(batch.output_nodes.clone())
+            whole.append(bool(torch.equal(torch.cat(seeds).sort().values,
+                                          tr.train_nids.sort().values)))
+            whole_batches.append(len(seeds))
+        for train_batch, val_batch in zip(
+                pingpong.PingPongLoader(train, feat, label, device="cpu", timeout=60),
+                pingpong.PingPongLoader(val, feat, label, device="cpu", timeout=60),
+                strict=False):
+            check(train_batch)
+            check(val_batch)
+            zipped += 1
+    except Exception as exc:  # noqa: BLE001 - recorded for the test
+        errors.append(f"{type(exc).__name__}: {exc}"[:300])
+    gc.collect()
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and any(
+            t.name.startswith("pingpong-") for t in threading.enumerate()):
+        time.sleep(0.05)
+    return {"checked": truth.checked, "wrong": truth.wrong, "errors": errors,
+            "whole_epochs_are_share": whole, "whole_epoch_batches": whole_batches,
+            "train_batches": train.expected_idxs, "zipped": zipped,
+            "expected_zipped": min(train.expected_idxs, val.expected_idxs),
+            "pingpong_threads_left": sorted(t.name for t in threading.enumerate()
+                                            if t.name.startswith("pingpong-")),
+            "sampler_processes": count_sampler_processes()}
 
 
 def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
@@ -876,7 +955,8 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
             "bad-id-samplers2": trainer_bad_id, "server-stop-samplers2": trainer_server_loss,
             "server-kill-samplers2": trainer_server_loss,
-            "break-samplers3": trainer_break_samplers}
+            "break-samplers3": trainer_break_samplers,
+            "temporary": trainer_temporary, "temporary-samplers": trainer_temporary}
 
 
 def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
