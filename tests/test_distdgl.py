@@ -339,6 +339,31 @@ def test_temporary_loaders_over_one_distnodedataloader(mode: str, part_dir: Path
         assert report["pingpong_threads_left"] == []
 
 
+@pytest.mark.parametrize("mode", ["close-thread", "close-thread-samplers"])
+def test_close_from_another_thread_mid_epoch_then_a_new_loader(mode: str, part_dir: Path,
+                                                               tmp_path: Path) -> None:
+    """A timer thread closes the loader while the training loop runs, three times at
+    different moments: each time the loop gets ``LoaderClosedError`` part-way through
+    the epoch and ``close()`` returns (within its 2 s wait for a producer inside DGL,
+    plus slack); a new loader over the same ``DistNodeDataLoader`` then runs a whole
+    epoch of the trainer's seeds, every batch right; also with a DGL sampler process
+    per trainer (``no-close``: the loops run to the end)."""
+    ranks = run_clean_job(mode, tmp_path, part_dir)
+    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
+    for report in ranks:
+        assert report["wrong"] == 0
+        n = report["train_batches"]
+        for r in report["rounds"]:
+            assert r["ended_by"] == "LoaderClosedError", r
+            assert 0 < r["delivered"] < n, r
+            assert r["close_s"] is not None, r
+            assert r["close_s"] < 5.0, r
+            assert r["next_epoch_error"] is None, r
+            assert r["next_epoch_batches"] == n, r
+            assert r["next_epoch_is_share"], r
+        assert report["checked"] == sum(r["delivered"] for r in report["rounds"]) + 3 * n
+
+
 @pytest.mark.parametrize("mode", ["break-samplers", "break-samplers2", "break-samplers3"])
 def test_epochs_left_early_with_dgl_sampler_processes_leave_no_batches_behind(
         mode: str, part_dir: Path, tmp_path: Path) -> None:

@@ -62,6 +62,11 @@ Modes (what a trainer does):
     checked against the original tables, each whole epoch's seeds against the
     trainer's share, pingpong threads left afterwards recorded; without and
     with one DGL sampler process per trainer.
+``close-thread`` / ``close-thread-samplers``
+    ``close()`` from a timer thread while the training loop runs (steps of
+    20 ms), three times at different moments; after each, a whole epoch of a
+    new loader over the same ``DistNodeDataLoader``; every batch checked
+    against the original tables; without and with one DGL sampler process.
 ``break-samplers``
     With one DGL sampler process per trainer: three epochs left after two
     batches, then two whole epochs; every batch checked against the original
@@ -113,7 +118,8 @@ producers do not take turns in DGL's RPC client), ``no-turn`` (early-exit: the
 training thread's own pulls do not take their turn), ``no-drain``
 (break-samplers, temporary-samplers: DGL's batches for a pass left early are not
 received), ``no-end`` (temporary: a dropped loader and its iterator do not end
-their epoch, so its producer runs on), ``no-timeout`` (server-stop:
+their epoch, so its producer runs on), ``no-close`` (close-thread: the timer
+does not close the loader), ``no-timeout`` (server-stop:
 ``timeout=None``), ``no-watch`` (server-*: the loader builds no server
 watch, as before pingpong had one), ``no-signal`` (server-*: leave the server alone, so the
 trainers run on to the deadline), ``leak`` (any mode: leave a process
@@ -910,6 +916,63 @@ def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, An
             "sampler_processes": count_sampler_processes()}
 
 
+def trainer_close_thread(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """``close()`` from another thread mid-epoch, three times at different moments
+    (steps of 20 ms; a timer started at the first batch closes the loader after 0,
+    0.1 and 0.3 s); after each,
+    a new loader over the same ``DistNodeDataLoader`` runs a whole epoch. Every batch
+    checked against the original tables, each whole epoch's seeds against the share."""
+    import threading
+
+    feat, label, truth, train, _val = train_and_val_sources(tr, part_dir)
+    rounds = []
+    for delay_s in (0.0, 0.1, 0.3):
+        loader = pingpong.PingPongLoader(train, feat, label, device="cpu", timeout=60)
+        timing: dict[str, float] = {}
+
+        def close_later(loader: pingpong.PingPongLoader = loader,
+                        timing: dict[str, float] = timing) -> None:
+            start = time.monotonic()
+            if BREAK != "no-close":
+                loader.close()
+            timing["close_s"] = time.monotonic() - start
+
+        timer = threading.Timer(delay_s, close_later)
+        delivered, ended_by = 0, "the end of the epoch"
+        try:
+            for batch in loader:
+                truth.batch(batch)
+                delivered += 1
+                if delivered == 1:  # the epoch has begun (a sampler process starts slowly)
+                    timer.start()
+                time.sleep(0.02)
+        except pingpong.LoaderClosedError:
+            ended_by = "LoaderClosedError"
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            ended_by = f"{type(exc).__name__}: {exc}"[:300]
+        if timer.ident is not None:  # started
+            timer.join()
+        loader.close()
+        seeds = []
+        try:
+            with pingpong.PingPongLoader(train, feat, label, device="cpu",
+                                         timeout=60) as after:
+                for batch in after:
+                    truth.batch(batch)
+                    seeds.append(batch.output_nodes.clone())
+            share = bool(torch.equal(torch.cat(seeds).sort().values,
+                                     tr.train_nids.sort().values))
+            after_error = None
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            share, after_error = False, f"{type(exc).__name__}: {exc}"[:300]
+        rounds.append({"delay_s": delay_s, "delivered": delivered, "ended_by": ended_by,
+                       "close_s": timing.get("close_s"), "next_epoch_is_share": share,
+                       "next_epoch_batches": len(seeds), "next_epoch_error": after_error})
+    return {"rounds": rounds, "train_batches": train.expected_idxs,
+            "checked": truth.checked, "wrong": truth.wrong,
+            "sampler_processes": count_sampler_processes()}
+
+
 def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """With DGL sampler processes: three epochs left after two batches, then two whole
     epochs; every batch checked against the original tables, each whole epoch's seeds
@@ -956,7 +1019,9 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "bad-id-samplers2": trainer_bad_id, "server-stop-samplers2": trainer_server_loss,
             "server-kill-samplers2": trainer_server_loss,
             "break-samplers3": trainer_break_samplers,
-            "temporary": trainer_temporary, "temporary-samplers": trainer_temporary}
+            "temporary": trainer_temporary, "temporary-samplers": trainer_temporary,
+            "close-thread": trainer_close_thread,
+            "close-thread-samplers": trainer_close_thread}
 
 
 def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
