@@ -321,7 +321,8 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
 def test_temporary_loaders_over_one_distnodedataloader(mode: str, part_dir: Path,
                                                        tmp_path: Path) -> None:
     """``for batch in PingPongLoader(dist_loader, ...)``, never named or closed: three
-    left after two batches, two whole epochs, then a ``zip`` of two temporary
+    left after two batches, two whole epochs with a whole validation epoch nested
+    twice in each (inner temporary loaders), then a ``zip`` of two temporary
     loaders; each new loader over the same DGL loader as the one abandoned before
     it. No error, every batch right, each whole epoch exactly the trainer's seeds,
     the zip as long as the shorter loader, no pingpong thread left; also with a DGL
@@ -335,7 +336,9 @@ def test_temporary_loaders_over_one_distnodedataloader(mode: str, part_dir: Path
         assert report["whole_epochs_are_share"] == [True, True]
         assert report["zipped"] == report["expected_zipped"] > 0
         assert report["whole_epoch_batches"] == [report["train_batches"]] * 2
-        assert report["checked"] == 3 * 2 + 2 * report["train_batches"] + 2 * report["zipped"]
+        assert report["nested_val_batches"] == 2 * 2 * report["val_batches"] > 0
+        assert report["checked"] == (3 * 2 + 2 * report["train_batches"]
+                                     + report["nested_val_batches"] + 2 * report["zipped"])
         assert report["pingpong_threads_left"] == []
 
 

@@ -58,7 +58,8 @@ Modes (what a trainer does):
 ``temporary`` / ``temporary-samplers``
     Temporary loaders, never named or closed (``for batch in
     PingPongLoader(...)``) over the same ``DistNodeDataLoader``: three left
-    after two batches, two whole epochs, then a ``zip`` of two; every batch
+    after two batches, two whole epochs (each with two validation epochs nested
+    in it), then a ``zip`` of two; every batch
     checked against the original tables, each whole epoch's seeds against the
     trainer's share, pingpong threads left afterwards recorded; without and
     with one DGL sampler process per trainer.
@@ -113,7 +114,7 @@ Modes (what a trainer does):
 ``wrong-pull`` (equal, edge-equal, edge-hetero, edge-labels, hetero-equal: compare against the
 rows of the wrong ids), ``no-ddp`` (hetero-equal: each trainer trains alone),
 ``no-exclude`` (edge-equal, edge-hetero: no ``exclude`` asked for, so no check),
-``in-range`` (bad-id, hetero-bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit: the
+``in-range`` (bad-id, hetero-bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit, temporary: the
 producers do not take turns in DGL's RPC client), ``no-turn`` (early-exit: the
 training thread's own pulls do not take their turn), ``no-drain``
 (break-samplers, temporary-samplers: DGL's batches for a pass left early are not
@@ -797,6 +798,14 @@ class AgainstOriginal:
         self.checked += 1
 
 
+def break_rpc_lock_if_asked() -> None:
+    """``no-rpc-lock``: the producers no longer take turns in DGL's RPC client."""
+    if BREAK == "no-rpc-lock":
+        from pingpong import _rpc
+
+        _rpc.RPC_LOCK = None
+
+
 def train_and_val_sources(tr: td.Trainer, part_dir: Path
                           ) -> tuple[Any, Any, AgainstOriginal, Any, Any]:
     """``feat``, ``label``, a checker against the original tables, and two
@@ -812,10 +821,7 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
     of a second loader (validation), eight times; then both loaders in one ``zip``;
     then an epoch with a pull of its own per batch, in ``pingpong.rpc_turn()``. Every
     batch and pull checked against the original tables."""
-    if BREAK == "no-rpc-lock":  # the producers no longer take turns in DGL's RPC client
-        from pingpong import _rpc
-
-        _rpc.RPC_LOCK = None
+    break_rpc_lock_if_asked()
     feat, label, truth, train, val = train_and_val_sources(tr, part_dir)
     check = truth.batch
     errors: list[str] = []
@@ -856,13 +862,15 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
 def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """Temporary loaders, as users write them: never named, never closed. Three times
     ``for i, batch in enumerate(PingPongLoader(train, ...))`` left after two batches;
-    then two whole epochs, each through a new temporary loader; then
+    then two whole epochs, each through a new temporary loader, with a whole
+    validation epoch (another temporary loader) nested after batches 3 and 6; then
     ``zip(PingPongLoader(train, ...), PingPongLoader(val, ...))``. Every batch checked
     against the original tables, each whole epoch's seeds against the trainer's
     share; pingpong threads alive afterwards counted."""
     import gc
     import threading
 
+    break_rpc_lock_if_asked()
     if BREAK == "no-drain":  # as before pingpong received DGL's abandoned batches
         from pingpong.forms._dgl_dist import DistLoaderSource
 
@@ -877,7 +885,7 @@ def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, An
     check = truth.batch
     errors: list[str] = []
     whole, whole_batches = [], []
-    zipped = 0
+    zipped = nested = 0
     try:
         for _ in range(3):
             for i, batch in enumerate(pingpong.PingPongLoader(train, feat, label, device="cpu",
@@ -887,9 +895,15 @@ def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, An
                     break
         for _ in range(2):
             seeds = []
-            for batch in pingpong.PingPongLoader(train, feat, label, device="cpu", timeout=60):
+            for i, batch in enumerate(pingpong.PingPongLoader(train, feat, label, device="cpu",
+                                                              timeout=60)):
                 check(batch)
                 seeds.append(batch.output_nodes.clone())
+                if i in (3, 6):  # a nested validation epoch, its own temporary loader
+                    for val_batch in pingpong.PingPongLoader(val, feat, label, device="cpu",
+                                                             timeout=60):
+                        check(val_batch)
+                        nested += 1
             whole.append(bool(torch.equal(torch.cat(seeds).sort().values,
                                           tr.train_nids.sort().values)))
             whole_batches.append(len(seeds))
@@ -909,7 +923,8 @@ def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, An
         time.sleep(0.05)
     return {"checked": truth.checked, "wrong": truth.wrong, "errors": errors,
             "whole_epochs_are_share": whole, "whole_epoch_batches": whole_batches,
-            "train_batches": train.expected_idxs, "zipped": zipped,
+            "train_batches": train.expected_idxs, "val_batches": val.expected_idxs,
+            "nested_val_batches": nested, "zipped": zipped,
             "expected_zipped": min(train.expected_idxs, val.expected_idxs),
             "pingpong_threads_left": sorted(t.name for t in threading.enumerate()
                                             if t.name.startswith("pingpong-")),
