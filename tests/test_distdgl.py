@@ -9,8 +9,9 @@ gone (pid and process group) and no shared memory of it left in /dev/shm.
 
 Skipped without DGL, or where DistDGL cannot run at all (not Linux, no
 writable /dev/shm, no 127.0.0.1); any other failure fails.
-``PINGPONG_DISTDGL_BREAK=wrong-pull|in-range|no-rpc-lock|no-timeout|no-watch|no-signal|leak``
-breaks the job on purpose (see the script), to see these tests fail.
+``PINGPONG_DISTDGL_BREAK=wrong-pull|no-ddp|no-exclude|in-range|no-rpc-lock|no-turn|
+no-drain|no-end|no-close|no-timeout|no-watch|no-signal|leak`` breaks the job on
+purpose (the script says how), to see these tests fail.
 """
 
 from __future__ import annotations
