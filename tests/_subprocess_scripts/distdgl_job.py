@@ -198,11 +198,14 @@ def ddp_model(in_feats: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.Adam(model.parameters(), lr=0.01)
 
 
-def step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Any) -> None:
-    loss = F.cross_entropy(model(batch.blocks, batch.x), batch.y)
+def step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: Any,
+         y: torch.Tensor | None = None) -> float:
+    """One training step on ``batch`` (``y``: its labels, if not ``batch.y``); the loss."""
+    loss = F.cross_entropy(model(batch.blocks, batch.x), batch.y if y is None else y)
     opt.zero_grad()
     loss.backward()
     opt.step()
+    return float(loss)
 
 
 def count_sampler_processes() -> int:
@@ -406,7 +409,6 @@ def trainer_hetero_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str
     """``bad-id`` on the heterogeneous DistGraph: batch 2 gets the author id one past
     the last; every table (paper and author features, paper labels) counts its pulls
     (``DelayedRows``, no local reads), so the counts say which batches were pulled."""
-    import dgl
 
     g = tr.g
     tables = {"paper": td.DelayedRows(g.nodes["paper"].data["feat"], local=False),
@@ -414,9 +416,7 @@ def trainer_hetero_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str
               "label": td.DelayedRows(g.nodes["paper"].data["label"], local=False)}
     n = g.num_nodes("author")
     bad = n - 1 if BREAK == "in-range" else n
-    source = InjectTypedId(dgl.dataloading.DistNodeDataLoader(
-        g, {"paper": tr.train_nids}, dgl.dataloading.NeighborSampler(FANOUTS),
-        batch_size=BATCH_SIZE, shuffle=True, drop_last=False), at=2, ntype="author", bad_id=bad)
+    source = InjectTypedId(paper_loader(g, tr.train_nids), at=2, ntype="author", bad_id=bad)
     delivered, pulls_at_delivery = 0, []
     result: dict[str, Any] = {"num_rows": n, "bad_id": bad, "bad_batch": 2}
     with pingpong.PingPongLoader(source, {t: tables[t] for t in HETERO_NODES},
@@ -553,6 +553,15 @@ def sampler_processes(mode: str) -> int:
     return 0 if not base else int(count or 1)
 
 
+def paper_loader(g: Any, papers: torch.Tensor) -> Any:
+    """A shuffled ``DistNodeDataLoader`` over the heterogeneous graph's ``papers``."""
+    import dgl
+
+    return dgl.dataloading.DistNodeDataLoader(
+        g, {"paper": papers}, dgl.dataloading.NeighborSampler(FANOUTS),
+        batch_size=BATCH_SIZE, shuffle=True, drop_last=False)
+
+
 def init_plain_trainer() -> td.Trainer:
     """A trainer without node shares (its modes choose the seeds themselves)."""
     g, rank, world_size, part_config, _book = td.connect_trainer(threads=1)
@@ -578,16 +587,13 @@ def init_hetero_trainer() -> td.Trainer:
 def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """Two shuffled epochs over a heterogeneous DistGraph: every batch's tables, node
     type by node type, against the rows pulled afterwards and the original tables."""
-    import dgl
 
     g = tr.g
     feats = {t: g.nodes[t].data["feat"] for t in HETERO_NODES}
     labels = {"paper": g.nodes["paper"].data["label"]}
     truth = torch.load(part_dir / "hetero-equal" / "orig.pt")
     share = tr.train_nids
-    source = dgl.dataloading.DistNodeDataLoader(
-        g, {"paper": share}, dgl.dataloading.NeighborSampler(FANOUTS), batch_size=BATCH_SIZE,
-        shuffle=True, drop_last=False)
+    source = paper_loader(g, share)
     model, opt = hetero_ddp_model(g, {t: f.shape[1] for t, f in feats.items()})
     losses = []
     epochs = []
@@ -600,11 +606,7 @@ def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str,
                              batch.output_nodes["paper"].clone(),
                              {t: x.clone() for t, x in batch.x.items()},
                              batch.y["paper"].clone()))
-                loss = F.cross_entropy(model(batch.blocks, batch.x), batch.y["paper"])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(float(loss))
+                losses.append(step(model, opt, batch, batch.y["paper"]))
             diff_sync = diff_truth = rows = local_rows = 0
             types_seen: set[str] = set()
             for input_nodes, seeds, x, y in kept:
@@ -806,6 +808,14 @@ def break_rpc_lock_if_asked() -> None:
         _rpc.RPC_LOCK = None
 
 
+def break_drain_if_asked() -> None:
+    """``no-drain``: as before pingpong received DGL's batches for a pass left early."""
+    if BREAK == "no-drain":
+        from pingpong.forms._dgl_dist import DistLoaderSource
+
+        DistLoaderSource.drop_abandoned_batches = lambda self: 0  # type: ignore[method-assign]
+
+
 def train_and_val_sources(tr: td.Trainer, part_dir: Path
                           ) -> tuple[Any, Any, AgainstOriginal, Any, Any]:
     """``feat``, ``label``, a checker against the original tables, and two
@@ -871,10 +881,7 @@ def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, An
     import threading
 
     break_rpc_lock_if_asked()
-    if BREAK == "no-drain":  # as before pingpong received DGL's abandoned batches
-        from pingpong.forms._dgl_dist import DistLoaderSource
-
-        DistLoaderSource.drop_abandoned_batches = lambda self: 0  # type: ignore[method-assign]
+    break_drain_if_asked()
     if BREAK == "no-end":  # a dropped loader and its iterator leave their producer running
         from pingpong import _epoch
         from pingpong import loader as loader_module
@@ -934,9 +941,9 @@ def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, An
 def trainer_close_thread(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """``close()`` from another thread mid-epoch, three times at different moments
     (steps of 20 ms; a timer started at the first batch closes the loader after 0,
-    0.1 and 0.3 s); after each,
-    a new loader over the same ``DistNodeDataLoader`` runs a whole epoch. Every batch
-    checked against the original tables, each whole epoch's seeds against the share."""
+    0.1 and 0.3 s); after each, a new loader over the same ``DistNodeDataLoader``
+    runs a whole epoch. Every batch checked against the original tables, each whole
+    epoch's seeds against the share."""
     import threading
 
     feat, label, truth, train, _val = train_and_val_sources(tr, part_dir)
@@ -992,10 +999,7 @@ def trainer_break_samplers(tr: td.Trainer, out: Path, part_dir: Path) -> dict[st
     """With DGL sampler processes: three epochs left after two batches, then two whole
     epochs; every batch checked against the original tables, each whole epoch's seeds
     compared with the trainer's share."""
-    from pingpong.forms._dgl_dist import DistLoaderSource
-
-    if BREAK == "no-drain":  # as before pingpong received DGL's abandoned batches
-        DistLoaderSource.drop_abandoned_batches = lambda self: 0  # type: ignore[method-assign]
+    break_drain_if_asked()
     feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
     truth = AgainstOriginal(part_dir)
     check = truth.batch
