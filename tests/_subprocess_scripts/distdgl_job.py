@@ -94,6 +94,13 @@ Modes (what a trainer does):
     at any moment can land while DGL's sender thread is writing a message,
     and then DGL aborts the process whatever pingpong does;
     ``server-kill-random`` does that, for ``benchmarks/server_loss.py``.)
+``server-kill-ddp-race``
+    ``server-kill`` with trainer 1 parked a batch later than trainer 0: it is
+    in DDP's all-reduce of that batch when trainer 0 leaves on its
+    ``ServerGoneError``, gets gloo's error, and asks the loader's server watch.
+``server-kill-hetero``
+    ``server-kill`` on the heterogeneous graph (``hetero-equal``'s tables,
+    ``heterogeneous=True``, the R-GCN-style model).
 ``server-kill-random``
     ``server-kill`` at whatever moment rank 0 is three steps into the second
     epoch; the step takes ``PINGPONG_DISTDGL_STEP_S`` seconds (default 0.2).
@@ -443,12 +450,27 @@ def watched_servers(loader: pingpong.PingPongLoader) -> list[str] | None:
 
 
 def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
-    feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
-    source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
+    """Epochs of slow DDP steps until the launcher disturbs server 1; how the training
+    loop ended is recorded, and -- when that was not pingpong's ServerGoneError (the
+    other trainer left while this one was in one of DDP's collectives) -- what the
+    loader's server watch says then (``watch_after``). ``server-kill-hetero``: on the
+    heterogeneous graph, a table per node type, the R-GCN-style model."""
+    hetero = MODE.endswith("-hetero")
+    if hetero:
+        feat: Any = {t: tr.g.nodes[t].data["feat"] for t in HETERO_NODES}
+        label: Any = {"paper": tr.g.nodes["paper"].data["label"]}
+        source = paper_loader(tr.g, tr.train_nids)
+        model, opt = hetero_ddp_model(tr.g, {t: f.shape[1] for t, f in feat.items()})
+    else:
+        feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
+        source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
+        model, opt = ddp_model(feat.shape[1])
     if MODE in PARKED_KILL_MODES:
-        source = ParkAt(source, out, tr.rank, epoch=1, at=3)
+        # server-kill-ddp-race: trainer 1 parks a batch later, so it has one more
+        # batch in hand than trainer 0 when the server is gone
+        at = 3 + tr.rank if MODE == "server-kill-ddp-race" else 3
+        source = ParkAt(source, out, tr.rank, epoch=1, at=at)
     step_s = float(os.environ.get("PINGPONG_DISTDGL_STEP_S", "0.2"))
-    model, opt = ddp_model(feat.shape[1])
     timeout = None if BREAK == "no-timeout" else TIMEOUT_S
     steps = 0
     record: dict[str, Any] = {"timeout": timeout,
@@ -457,12 +479,13 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
         import pingpong.loader as loader_module
 
         loader_module.dgl_server_watch = lambda: None  # type: ignore[assignment]
-    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=timeout) as loader:
+    with pingpong.PingPongLoader(source, feat, label, heterogeneous=hetero, device="cpu",
+                                 timeout=timeout) as loader:
         record["watched"] = watched_servers(loader)
         try:
             for epoch in range(100):
                 for i, batch in enumerate(loader):
-                    step(model, opt, batch)
+                    step(model, opt, batch, y=batch.y["paper"] if hetero else None)
                     steps += 1
                     time.sleep(step_s)  # a slow step: the epoch lasts a few seconds
                     if epoch == 1 and i == 2 and tr.leader:
@@ -474,6 +497,12 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
                           message=str(exc)[:2000], at=time.time(), steps=steps,
                           cause=(None if exc.__cause__ is None
                                  else type(exc.__cause__).__name__))
+            if not isinstance(exc, pingpong.ServerGoneError) and loader.server_watch is not None:
+                try:  # what the docs tell a DDP trainer to do
+                    loader.server_watch.check()
+                    record["watch_after"] = None
+                except pingpong.ServerGoneError as gone:
+                    record["watch_after"] = str(gone)
             write_json(out / f"rank{tr.rank}.json", record)
             sys.stdout.flush()
             os._exit(3)  # DGL's exit hook would wait for the lost server
@@ -540,9 +569,10 @@ HETERO_NODES = {"paper": 3000, "author": 2000}
 #: The edge types ``edge-hetero`` takes its seed edges from.
 EDGE_SEED_TYPES = ("cites", "writes")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
-PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2")
+PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2",
+                     "server-kill-hetero", "server-kill-ddp-race")
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-hetero": hetero_graph,
-                "hetero-bad-id": hetero_graph,
+                "hetero-bad-id": hetero_graph, "server-kill-hetero": hetero_graph,
                 "edge-labels": edge_label_graph}
 
 
@@ -1033,6 +1063,8 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "bad-id-samplers": trainer_bad_id, "server-stop-samplers": trainer_server_loss,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-kill-samplers": trainer_server_loss,
+            "server-kill-hetero": trainer_server_loss,
+            "server-kill-ddp-race": trainer_server_loss,
             "server-stop": trainer_server_loss,
             "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
             "bad-id-samplers2": trainer_bad_id, "server-stop-samplers2": trainer_server_loss,
@@ -1047,7 +1079,7 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 
     global MODE
     MODE = mode
-    tr = (init_hetero_trainer() if mode.startswith("hetero") else
+    tr = (init_hetero_trainer() if mode.startswith("hetero") or mode.endswith("-hetero") else
           init_plain_trainer() if mode in ("edge-labels", "edge-hetero") else
           td.init_trainer(threads=1))
     record = TRAINERS[mode](tr, out, part_dir)
