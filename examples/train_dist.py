@@ -60,6 +60,7 @@ import contextlib
 import ctypes
 import datetime
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -238,10 +239,30 @@ def free_port(taken: set[int] | None = None) -> int:
 def dgl_net_type_kwargs() -> dict[str, str]:
     """Keyword arguments for ``dgl.distributed.initialize`` and ``DistGraphServer``:
     ``net_type`` from ``PINGPONG_DIST_NET_TYPE`` if it is set, else none (DGL's
-    default, sockets; DGL 2.x has no other backend, and its ``DistGraphServer`` no
-    ``net_type`` argument)."""
+    default, sockets).
+
+    DGL 2.x has sockets only: its ``initialize`` ignores ``net_type`` (with a
+    deprecation warning) and its ``DistGraphServer`` takes none, so ``socket``
+    gives no argument there and ``tensorpipe`` raises ``ValueError``. The
+    launchers call this before they start any process, so a wrong value fails
+    there and not as servers that die while the trainers wait for them.
+    """
+    import dgl
+
     net_type = os.environ.get(NET_TYPE_ENV)
-    return {} if net_type is None else {"net_type": net_type}
+    if net_type is None:
+        return {}
+    if net_type not in ("socket", "tensorpipe"):
+        raise ValueError(f"{NET_TYPE_ENV}={net_type!r}: DGL's RPC backends are 'socket' "
+                         "and 'tensorpipe'")
+    server_args = inspect.signature(dgl.distributed.DistGraphServer.__init__).parameters
+    if "net_type" in server_args:
+        return {"net_type": net_type}
+    if net_type == "tensorpipe":
+        raise ValueError(f"{NET_TYPE_ENV}=tensorpipe, but DGL {dgl.__version__} has sockets "
+                         "only (its DistGraphServer takes no net_type; DGL 2.0 deprecated the "
+                         "argument). Unset it or use DGL 1.x")
+    return {}
 
 
 def die_with_launcher() -> None:
@@ -316,6 +337,7 @@ class LocalCluster:
 
     # -- start --------------------------------------------------------------
     def start(self) -> None:
+        dgl_net_type_kwargs()  # a backend this DGL lacks: ValueError before any process
         taken: set[int] = set()
         ports = [free_port(taken) for _ in range(self.num_parts)]
         self.ip_config.write_text("".join(f"127.0.0.1 {port}\n" for port in ports))
@@ -938,6 +960,10 @@ def _raise_system_exit(signum: int, frame: Any) -> None:
 
 def launcher_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     spec = GraphSpec.from_args(args)
+    try:  # before partitioning: a backend this DGL lacks fails at once
+        dgl_net_type_kwargs()
+    except ValueError as exc:
+        raise SystemExit(f"train_dist.py: {exc}") from None
     if args.partition_only and args.part_dir is None:
         raise SystemExit("--partition-only needs --part-dir")
     t0 = time.perf_counter()

@@ -72,15 +72,17 @@ def part_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("parts")
 
 
-def run_job(mode: str, out: Path, part_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Run one job; return its job.json and the ranks' JSON (missing ones as {}).
+def run_job(mode: str, out: Path, part_dir: Path, env: dict[str, str] | None = None,
+            ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run one job (``env``: more environment for all its processes); return its
+    job.json and the ranks' JSON (missing ones as {}).
 
     Whatever happens, every process it started must be gone afterwards.
     """
     try:
         returncode, stdout, stderr = run_in_own_session(
             [sys.executable, str(JOB), mode, str(out), str(part_dir)], timeout=JOB_LIMIT_S,
-            env=dict(os.environ, OMP_NUM_THREADS="1"))
+            env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
         assert returncode == 0, stdout[-3000:] + stderr[-3000:] + job_logs(out)
     finally:
         if (out / "pids.json").exists():
@@ -91,10 +93,11 @@ def run_job(mode: str, out: Path, part_dir: Path) -> tuple[dict[str, Any], list[
     return job, ranks
 
 
-def run_clean_job(mode: str, out: Path, part_dir: Path) -> list[dict[str, Any]]:
+def run_clean_job(mode: str, out: Path, part_dir: Path, env: dict[str, str] | None = None,
+                  ) -> list[dict[str, Any]]:
     """:func:`run_job`, which must end with both trainers and both servers exiting 0;
     the ranks' JSON."""
-    job, ranks = run_job(mode, out, part_dir)
+    job, ranks = run_job(mode, out, part_dir, env)
     assert [t["exit"] for t in job["trainers"].values()] == ["exit code 0"] * 2
     assert job["servers"] == {"0": "exit code 0", "1": "exit code 0"}, job_logs(out)
     return ranks
@@ -459,16 +462,24 @@ def test_server_killed_mid_epoch_raises_server_gone_in_every_training_loop(
     then the loader's ``server_watch.check()`` (what the docs advise) must name the
     server."""
     job, ranks = run_job(mode, tmp_path, part_dir)
-    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
+    assert_server_1_gone_in_training_loops(mode, job, ranks, tmp_path)
+
+
+def assert_server_1_gone_in_training_loops(mode: str, job: dict[str, Any],
+                                           ranks: list[dict[str, Any]], out: Path,
+                                           tensorpipe: bool = False) -> None:
+    """A ``server-kill`` job's ends: what the test above asserts."""
     assert [e["signal"] for e in job["events"]] == ["SIGKILL"]
     ends = job["trainers"]
     print("trainers:", json.dumps(ends), "reports:", json.dumps(ranks))
+    for rank, end in ends.items():  # first how each ended: an aborted one wrote no report
+        assert not end["hung"], f"trainer {rank} hung"
+        log = (out / f"trainer-{rank}.log").read_text(errors="replace")
+        assert end["returncode"] == 3, f"trainer {rank}: {end['exit']}\n{log[-2000:]}"
+    assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
     gone_at = [r["at"] for r in ranks if r["exception"] == "ServerGoneError"]
     assert gone_at, "no training loop got ServerGoneError"
     for rank, end in ends.items():
-        assert not end["hung"], f"trainer {rank} hung"
-        log = (tmp_path / f"trainer-{rank}.log").read_text(errors="replace")
-        assert end["returncode"] == 3, f"trainer {rank}: {end['exit']}\n{log[-2000:]}"
         report = ranks[int(rank)]
         if report["exception"] == "ServerGoneError":
             message = report["message"]
@@ -486,8 +497,18 @@ def test_server_killed_mid_epoch_raises_server_gone_in_every_training_loop(
         assert report["cause"] in causes, report
         assert end["after_disturbance_s"] < 5.0  # the watch, not timeout= (15 s)
         assert report["steps"] > 0
-        assert [w.split(" 127.0.0.1:")[0] for w in report["watched"]] == [
-            "DGL server 0", "DGL server 1"]
+    assert_watched_both_servers(ranks, tensorpipe)
+
+
+def assert_watched_both_servers(ranks: list[dict[str, Any]], tensorpipe: bool = False) -> None:
+    """Each trainer's loader watched its connections to both servers: one to each
+    with DGL's socket backend, several with ``tensorpipe``."""
+    for report in ranks:
+        names = [w.split(" 127.0.0.1:")[0] for w in report["watched"]]
+        if tensorpipe:
+            assert sorted(set(names)) == ["DGL server 0", "DGL server 1"], names
+        else:
+            assert names == ["DGL server 0", "DGL server 1"]
 
 
 def test_server_killed_while_a_trainer_is_in_ddp_all_reduce(
@@ -512,6 +533,65 @@ def test_server_killed_while_a_trainer_is_in_ddp_all_reduce(
     assert second["watch_after"] is not None, second
     assert second["watch_after"].startswith("DGL server 1 at 127.0.0.1:")
     assert second["steps"] == first["steps"]  # its last step is the one that failed
+
+
+def dgl_has_tensorpipe() -> bool:
+    """Whether this DGL has the tensorpipe RPC backend (1.x; 2.x has sockets only)."""
+    import inspect
+
+    import dgl.distributed
+
+    return "net_type" in inspect.signature(dgl.distributed.DistGraphServer.__init__).parameters
+
+
+@pytest.mark.parametrize("mode", ["equal", "server-kill"])
+def test_dgl_tensorpipe_rpc_backend(mode: str, part_dir: Path, tmp_path: Path) -> None:
+    """DGL's other RPC backend (``initialize(net_type="tensorpipe")``, set through
+    ``PINGPONG_DIST_NET_TYPE``): ``equal``'s two epochs, every batch bit-identical to
+    the synchronous pulls and the original tables; and a killed server still reported
+    as ServerGoneError naming it -- the watch finds tensorpipe's TCP connections to
+    the servers too."""
+    if not dgl_has_tensorpipe():
+        pytest.skip("this DGL has sockets only (DGL 2.x)")
+    env = {"PINGPONG_DIST_NET_TYPE": "tensorpipe"}
+    if mode == "equal":
+        ranks = run_clean_job(mode, tmp_path, part_dir, env)
+        for report in ranks:
+            assert_two_equal_epochs(report["epochs"])
+        assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
+        assert_watched_both_servers(ranks, tensorpipe=True)
+    else:
+        job, ranks = run_job(mode, tmp_path, part_dir, env)
+        assert_server_1_gone_in_training_loops(mode, job, ranks, tmp_path, tensorpipe=True)
+    for rank in range(2):  # the backend DGL was asked for is the one it ran
+        log = (tmp_path / f"trainer-{rank}.log").read_text(errors="replace")
+        assert "NetType~tensorpipe" in log, log[-2000:]
+        assert "NetType~socket" not in log
+
+
+@pytest.mark.parametrize("net_type", ["tensorpipe", "infiniband"])
+def test_example_refuses_an_rpc_backend_dgl_lacks_before_starting_anything(
+        net_type: str, tmp_path: Path) -> None:
+    """``PINGPONG_DIST_NET_TYPE`` naming a backend this DGL does not have (tensorpipe
+    on DGL 2.x; a made-up name on any): the example's launcher exits at once with a
+    message naming the variable -- before partitioning, with no process started
+    (DGL 2.1's servers used to die of ``net_type`` while the trainers waited)."""
+    if (reason := distdgl_unavailable()) is not None:
+        pytest.skip(reason)
+    if net_type == "tensorpipe" and dgl_has_tensorpipe():
+        pytest.skip("this DGL has tensorpipe (test_dgl_tensorpipe_rpc_backend runs it)")
+    pid_file, parts = tmp_path / "pids.json", tmp_path / "parts"
+    returncode, stdout, stderr = run_in_own_session(
+        [sys.executable, str(EXAMPLE), "--pid-file", str(pid_file), "--part-dir", str(parts)],
+        timeout=60, cwd=tmp_path, env=dict(os.environ, PINGPONG_DIST_NET_TYPE=net_type))
+    assert returncode == 1, stdout[-2000:] + stderr[-2000:]
+    assert f"PINGPONG_DIST_NET_TYPE={net_type!r}" in stderr or (
+        "PINGPONG_DIST_NET_TYPE=tensorpipe" in stderr), stderr[-2000:]
+    assert ("has sockets only" if net_type == "tensorpipe"
+            else "DGL's RPC backends are 'socket' and 'tensorpipe'") in stderr, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert not pid_file.exists()  # no process was started
+    assert not parts.exists()  # nor partitioning
 
 
 @pytest.mark.parametrize("loader", ["pingpong", "sync"])
