@@ -455,7 +455,7 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     other trainer left while this one was in one of DDP's collectives) -- what the
     loader's server watch says then (``watch_after``). ``server-kill-hetero``: on the
     heterogeneous graph, a table per node type, the R-GCN-style model."""
-    hetero = MODE.endswith("-hetero")
+    hetero = MODE == "server-kill-hetero"
     if hetero:
         feat: Any = {t: tr.g.nodes[t].data["feat"] for t in HETERO_NODES}
         label: Any = {"paper": tr.g.nodes["paper"].data["label"]}
@@ -1079,7 +1079,7 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 
     global MODE
     MODE = mode
-    tr = (init_hetero_trainer() if mode.startswith("hetero") or mode.endswith("-hetero") else
+    tr = (init_hetero_trainer() if mode.startswith("hetero") or mode == "server-kill-hetero" else
           init_plain_trainer() if mode in ("edge-labels", "edge-hetero") else
           td.init_trainer(threads=1))
     record = TRAINERS[mode](tr, out, part_dir)
