@@ -36,9 +36,10 @@ loader finaliser      the same as ``close()``; it runs only once no iterator is
                       left, because every iterator keeps its loader alive
 iterator ``close()``  end + retire its epoch (CLOSED)
 iterator garbage      end its epoch (CLOSED); the loader retires it later
-interpreter exit      :func:`_end_all_epochs`: end every epoch, short joins;
-                      then wait (at most 10 s) for a producer still inside
-                      DGL's RPC client to leave it
+interpreter exit      :func:`_end_all_epochs`: end every epoch; wait (at most
+                      10 s) for a producer still inside DGL's RPC client to
+                      leave it; then short joins of every producer thread
+                      (retired epochs' included) and closer thread
 ====================  =========================================================
 
 Whatever would block, or close the device, and is asked for on a pingpong
@@ -76,9 +77,10 @@ JOIN_TIMEOUT_S = 2.0
 #: The same after a failure in ``next()`` (timeout, Ctrl-C: the producer is
 #: likely stuck inside the source) and at interpreter exit.
 SHORT_JOIN_TIMEOUT_S = 0.1
-#: At interpreter exit, the total time given to all producers to leave.
+#: At interpreter exit, the total time given to all producer and closer threads to leave.
 EXIT_JOIN_BUDGET_S = 0.5
-#: At interpreter exit, how long a producer inside a DGL call is waited for after that.
+#: At interpreter exit, how long a producer inside a DGL call is waited for (before
+#: the joins).
 EXIT_RPC_WAIT_S = 10.0
 
 
@@ -109,16 +111,29 @@ def ended_error(state: EpochState, delivered: int) -> BaseException:
 
 
 class _Process:
-    """Process-wide lifecycle state: live epochs and whether the interpreter exits."""
+    """Process-wide lifecycle state: live epochs, the threads the exit hook joins,
+    and whether the interpreter exits."""
 
     def __init__(self) -> None:
         self.exiting = False
         self.live_epochs: weakref.WeakSet[Epoch] = weakref.WeakSet()
+        # Every producer thread -- also those of retired epochs that outlived their
+        # join (still inside the source) -- and closer thread: the exit hook joins them.
+        self.threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        # Re-entrant: a finaliser the garbage collector runs while this thread holds
+        # it may start a closer thread (run_off_pingpong_threads).
+        self.threads_lock = threading.RLock()
         self.hook_registered = False
         self.hook_after_dgl = False
         self.lock = threading.Lock()
 
+    def add_thread(self, thread: threading.Thread) -> None:
+        """Have the exit hook join ``thread`` (a producer or closer)."""
+        with self.threads_lock:
+            self.threads.add(thread)
+
     def register(self, epoch: Epoch) -> None:
+        self.add_thread(epoch.thread)
         with self.lock:
             self.live_epochs.add(epoch)
             if not self.hook_registered:
@@ -162,36 +177,48 @@ def run_off_pingpong_threads(work: Callable[[], None]) -> None:
     if not on_pingpong_thread():
         work()
         return
+    closer = threading.Thread(
+        target=work, name=f"pingpong-closer-{next(_closer_ids)}", daemon=True)
+    _process.add_thread(closer)
     # At interpreter shutdown no new thread starts; the process is ending anyway.
     with contextlib.suppress(RuntimeError):
-        threading.Thread(
-            target=work, name=f"pingpong-closer-{next(_closer_ids)}", daemon=True
-        ).start()
+        closer.start()
 
 
 def _end_all_epochs() -> None:
     """At interpreter exit, stop every producer before daemon threads are frozen.
 
-    A producer inside a gather finishes it and exits (``EXIT_JOIN_BUDGET_S``
-    for all of them); one blocked inside the source is left behind: it
-    writes nothing more. If producers take turns in DGL's RPC client
-    (:mod:`pingpong._rpc`), one still inside a DGL call is waited for -- at
-    most ``EXIT_RPC_WAIT_S`` -- through the lock: DGL's own exit hook, which
-    runs after this one, sends through that client too.
+    Every epoch is ended.  If producers take turns in DGL's RPC client
+    (:mod:`pingpong._rpc`), one still inside a DGL call is waited for first --
+    at most ``EXIT_RPC_WAIT_S`` -- through the lock: DGL's own exit hook, which
+    runs after this one, sends through that client too.  Then every producer
+    thread still alive -- also one whose epoch was retired while it was inside
+    the source (``close()`` waits 2 s) -- and every closer thread is joined,
+    ``EXIT_JOIN_BUDGET_S`` for all of them: a producer inside a gather finishes
+    it, one just out of the source drops what it read, and exits; one blocked
+    inside the source is left behind and writes nothing more.
+
+    Why join one that will write nothing more: once the interpreter finalises,
+    a daemon thread that takes the GIL back is ended with ``pthread_exit``, and
+    where that happens inside C++ -- torch gives the GIL up while it frees a
+    tensor -- the process aborts ("terminate called without an active
+    exception"). Seen in CI, and in a core dump of the DGL-call exit scenario:
+    the producer, just out of its call, was freeing the batch it had read.
     """
     _process.exiting = True
-    epochs = list(_process.live_epochs)
-    for epoch in epochs:
+    for epoch in list(_process.live_epochs):
         epoch.end(EpochState.LOADER_CLOSED)
-    deadline = time.monotonic() + EXIT_JOIN_BUDGET_S
-    for epoch in epochs:
-        if epoch.thread is not threading.current_thread():
-            epoch.thread.join(max(0.0, deadline - time.monotonic()))
     # By the lock, not by the epochs: a producer whose epoch was retired while it was
-    # inside a DGL call (close() waits 2 s) is no longer among the live epochs. Only
-    # in a process that had producers taking turns (a DGL RPC client).
+    # inside a DGL call is no longer among the live epochs. Only in a process that
+    # had producers taking turns (a DGL RPC client).
     if _process.hook_after_dgl:
         _wait_for_rpc_client(EXIT_RPC_WAIT_S)
+    deadline = time.monotonic() + EXIT_JOIN_BUDGET_S
+    with _process.threads_lock:
+        threads = list(_process.threads)
+    for thread in threads:
+        if thread is not threading.current_thread() and thread.ident is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _wait_for_rpc_client(timeout: float) -> None:

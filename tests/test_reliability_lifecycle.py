@@ -664,12 +664,15 @@ def test_rapid_reiteration_never_lets_an_old_producer_advance():
     assert wait_for_no_pingpong_threads(2.0) == []
 
 
-@pytest.mark.parametrize("scenario", ["plain", "local-loader-first", "closed-while-inside"])
+@pytest.mark.parametrize(
+    "scenario", ["plain", "local-loader-first", "closed-while-inside", "slow-free"])
 def test_exit_waits_for_a_producer_inside_a_dgl_call(scenario):
     """At exit, pingpong's hook waits (through the RPC lock) for a producer inside a
     DGL call before DGL's own exit hook, which sends through the same client, runs --
     also when a loader ran before DGL registered its hook, and when the producer's
-    epoch was already closed (see the script)."""
+    epoch was already closed (see the script). Then it joins the producer, which
+    frees what it read as it leaves: freeing a tensor during finalisation aborted the
+    process (``slow-free`` makes that free last 0.3 s)."""
     with _spawned("exit_in_dgl_call.py", scenario) as proc:
         _wait_for_line(proc, "INSIDE_AT_EXIT True", 90)  # the wait has something to wait for
         _wait_for_line(proc, "EXITING", 10)
@@ -677,4 +680,6 @@ def test_exit_waits_for_a_producer_inside_a_dgl_call(scenario):
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
     assert "INSIDE_AT_DGL_EXIT False" in stdout.splitlines(), stdout + stderr
+    if scenario == "slow-free":
+        assert "FREED" in stdout.splitlines(), stdout + stderr
     assert time.monotonic() - started < 8  # the rest of one call, not the 10 s limit

@@ -10,7 +10,12 @@ Usage: ``python exit_in_dgl_call.py SCENARIO``:
   ``dgl.distributed.initialize`` would);
 - ``closed-while-inside``: 5 s calls; ``loader.close()`` gives up on the
   producer after 2 s (it is still inside the call), the loader and its epoch
-  are dropped, then the interpreter exits.
+  are dropped, then the interpreter exits;
+- ``slow-free``: as ``closed-while-inside``, and the source's iterator holds an
+  object whose ``__del__`` runs torch ops for 0.3 s (a batch's tensors being
+  freed: torch gives the GIL up while it frees one). The producer drops it as it
+  leaves, right after the call; prints ``FREED`` when that is done. Exit's join
+  budget is raised to 5 s here, so that a loaded machine cannot make it run out.
 
 An exit hook standing for DGL's ``exit_client`` -- registered where
 ``dgl.distributed.initialize`` would register it, before the loader that takes
@@ -29,7 +34,7 @@ import time
 
 import torch
 
-from pingpong import PingPongLoader, _rpc
+from pingpong import PingPongLoader, _lifecycle, _rpc
 
 scenario = sys.argv[1]
 state = {"inside": False}
@@ -39,11 +44,22 @@ def _dgl_like_exit_client() -> None:
     print(f"INSIDE_AT_DGL_EXIT {state['inside']}", flush=True)
 
 
+class FreedSlowly:
+    """Runs torch ops (each gives the GIL up) for 0.3 s when freed."""
+
+    def __del__(self) -> None:
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            torch.ones(10_000).sum()
+        print("FREED", flush=True)
+
+
 class SlowCalls:
     def __init__(self, call_s: float) -> None:
         self.call_s = call_s
 
     def __iter__(self):
+        _freed_when_the_producer_leaves = FreedSlowly() if scenario == "slow-free" else None
         for _ in range(100):
             state["inside"] = True
             time.sleep(self.call_s)
@@ -59,14 +75,16 @@ atexit.register(_dgl_like_exit_client)  # what dgl.distributed.initialize does
 # As in a process with a DGL RPC client: loaders made now take turns.
 _rpc.lock_for_process = lambda: _rpc.RPC_LOCK
 
-loader = PingPongLoader(SlowCalls(5.0 if scenario == "closed-while-inside" else 3.0),
-                        torch.zeros(20, 3))
+closes = scenario in ("closed-while-inside", "slow-free")
+if scenario == "slow-free":
+    _lifecycle.EXIT_JOIN_BUDGET_S = 5.0
+loader = PingPongLoader(SlowCalls(5.0 if closes else 3.0), torch.zeros(20, 3))
 it = iter(loader)
 next(it)
 deadline = time.monotonic() + 10
 while not state["inside"] and time.monotonic() < deadline:  # its next call has begun
     time.sleep(0.01)
-if scenario == "closed-while-inside":
+if closes:
     loader.close()  # waits 2 s for the producer, which stays inside its call
     del it, loader  # the epoch is gone; its producer is not
     gc.collect()
