@@ -59,6 +59,7 @@ import argparse
 import contextlib
 import ctypes
 import datetime
+import faulthandler
 import importlib.util
 import inspect
 import json
@@ -144,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", type=Path, default=None,
                    help="keep the servers' logs here (default: shown only on failure)")
     p.add_argument("--job-timeout", type=float, default=0.0,
-                   help="stop everything after this many seconds (0: no limit)")
+                   help="stop everything after this many seconds (0: no limit); each "
+                        "process still running first writes its Python stacks")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--pid-file", type=Path, default=None,
                    help=argparse.SUPPRESS)  # test hook: the pids of every process started
@@ -431,9 +433,11 @@ class LocalCluster:
             if lost_at is not None and time.monotonic() - lost_at > server_loss_grace:
                 log(f"trainers still running {server_loss_grace:.0f} s after a server "
                     "exited: stopping the job")
+                self.dump_stacks(log)
                 return 1
             if deadline is not None and time.monotonic() > deadline:
                 log(f"job timeout ({timeout:.0f} s): stopping the job")
+                self.dump_stacks(log)
                 return 124
             time.sleep(0.1)
         self.wait_for_servers()
@@ -453,6 +457,23 @@ class LocalCluster:
                 return False
             time.sleep(0.05)
         return True
+
+    def dump_stacks(self, log: Callable[[str], None] = print, settle_s: float = 0.5) -> None:
+        """Ask every process still running for its threads' Python stacks.
+
+        Each server and trainer answers SIGUSR1 by writing them to its stderr
+        (its log file with ``--log-dir``; see :func:`dump_stacks_on_request`):
+        a job that overran shows where each process was. A process still in
+        its first imports (a second or two after it started) is killed by the
+        signal instead -- the job is being stopped anyway.
+        """
+        for p in self.procs:
+            if p.popen.poll() is None:
+                where = "" if p.log is None else f" (into {p.log.name})"
+                log(f"Python stacks of {p.name} (pid {p.popen.pid}), still running{where}:")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.popen.pid, signal.SIGUSR1)
+                time.sleep(settle_s)  # one process's stacks at a time
 
     # -- stop ---------------------------------------------------------------
     def stop(self, grace: float = 5.0) -> None:
@@ -888,6 +909,13 @@ def leave_process_group(rank: int) -> None:
     note("left the gloo process group; DGL's exit hook runs at exit")
 
 
+def dump_stacks_on_request() -> None:
+    """In a server or trainer: on SIGUSR1, write every thread's Python stack to
+    stderr and go on (:meth:`LocalCluster.dump_stacks` asks before it stops a
+    job that overran)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def run_trainer(main: Callable[[], None]) -> None:
     """Run a trainer's ``main``; on any error print it and leave at once.
 
@@ -936,7 +964,7 @@ def launch(command: Sequence[str], part_config: Path, *, num_parts: int,
                 with signals_ignored():  # a second Ctrl-C must not cut the cleanup short
                     cluster.stop()
                 if status != 0:
-                    log(cluster.server_logs())
+                    log(cluster.server_logs(lines=40))  # room for stacks dumped
             result = json.loads(result_path.read_text()) if result_path.exists() else None
             return status, result
     finally:
@@ -995,6 +1023,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     role = os.environ.get("DGL_ROLE")
+    if role is not None:
+        dump_stacks_on_request()
     if role == "server":
         run_server()
         return 0

@@ -603,7 +603,8 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
     try:
         returncode, stdout, stderr = run_in_own_session(
             [sys.executable, str(EXAMPLE), "--loader", loader, *SMALL, "--json", str(result),
-             "--pid-file", str(pid_file)], timeout=JOB_LIMIT_S, cwd=tmp_path)
+             "--pid-file", str(pid_file), "--job-timeout", "120"],  # a hang shows its stacks
+            timeout=JOB_LIMIT_S, cwd=tmp_path)
         assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     finally:
         if pid_file.exists():
@@ -616,6 +617,28 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
     assert report["test_acc"] > 0.4  # 4 classes: chance is 0.25
     assert "Epoch 01 | Time(s)" in stdout
     assert "Test Acc" in stdout
+
+
+def test_example_job_timeout_shows_where_each_process_was(tmp_path: Path) -> None:
+    """A job that overruns ``--job-timeout``: the launcher asks each process for its
+    Python stacks (SIGUSR1, faulthandler), then stops them all (exit 124)."""
+    if (reason := distdgl_unavailable()) is not None:
+        pytest.skip(reason)
+    pid_file = tmp_path / "pids.json"
+    try:
+        returncode, stdout, stderr = run_in_own_session(
+            [sys.executable, str(EXAMPLE), *SMALL, "--epochs", "1000", "--job-timeout", "25",
+             "--pid-file", str(pid_file)], timeout=JOB_LIMIT_S, cwd=tmp_path)
+    finally:
+        if pid_file.exists():
+            assert_all_gone(pid_file)
+    assert returncode == 124, stdout[-4000:] + stderr[-4000:]
+    assert "job timeout (25 s): stopping the job" in stdout
+    for name in ("server 0", "server 1", "trainer 0", "trainer 1"):
+        assert f"Python stacks of {name} (pid " in stdout, stdout[-4000:]
+    # The trainers write to the launcher's stderr: each main thread, inside trainer_main.
+    assert stderr.count(" in trainer_main") == 2, stderr[-6000:]
+    assert "(most recent call first)" in stderr
 
 
 SMALL = ["--num-nodes", "8000", "--feat-dim", "32", "--num-classes", "4", "--avg-degree", "10",

@@ -1125,8 +1125,8 @@ def wait_for_trainers(cluster: td.LocalCluster, mode: str, out: Path,
     """Wait until every trainer has ended; record how and when.
 
     Deadlines: 110 s for the whole job; after a server was disturbed,
-    ``TIMEOUT_S + 45`` s. A trainer still running then is killed and marked
-    ``hung``.
+    ``TIMEOUT_S + 45`` s. A trainer still running then is asked for its Python
+    stacks (they go to its log), killed and marked ``hung``.
     """
     start = time.monotonic()
     deadline = start + 110.0
@@ -1159,6 +1159,7 @@ def wait_for_trainers(cluster: td.LocalCluster, mode: str, out: Path,
         if len(ended) == len(cluster.trainers):
             return ended
         if now > deadline:
+            cluster.dump_stacks()  # into the logs, which a failing test shows
             for p in cluster.trainers:
                 if str(p.index) not in ended:
                     ended[str(p.index)] = {"exit": "still running at the deadline",
@@ -1171,6 +1172,8 @@ def wait_for_trainers(cluster: td.LocalCluster, mode: str, out: Path,
 def main() -> int:
     mode, out, part_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     role = os.environ.get("DGL_ROLE")
+    if role is not None:
+        td.dump_stacks_on_request()
     if role == "server":
         td.run_server()
         return 0
