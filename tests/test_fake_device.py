@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -217,3 +219,30 @@ def test_a_loader_that_fails_to_construct_closes_its_device(monkeypatch):
         PingPongLoader(make_triples(N, 1), torch.randn(N, 2), device=dev)
     assert dev.closed
     assert pingpong_threads() == []
+
+
+EXIT_WHILE_A_WORKER_RUNS = """
+import threading, time, torch
+from pingpong.devices.fake import FakeAsyncDevice
+started = threading.Event()
+def busy():
+    started.set()
+    end = time.monotonic() + 0.3
+    while time.monotonic() < end:
+        torch.ones(10_000).sum()  # gives the GIL up inside torch's C++
+    print("DONE", flush=True)
+device = FakeAsyncDevice(max_delay_s=0)
+device.consumer_submit(busy)
+assert started.wait(30)
+print("EXITING", flush=True)
+"""
+
+
+def test_exit_waits_for_a_worker_inside_a_torch_op():
+    """At interpreter exit the fake device's workers are stopped and waited for: one
+    taking the GIL back inside a torch op while the interpreter finalises aborts the
+    process ("terminate called without an active exception")."""
+    proc = subprocess.run([sys.executable, "-c", EXIT_WHILE_A_WORKER_RUNS],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["EXITING", "DONE"], proc.stdout + proc.stderr

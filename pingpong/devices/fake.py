@@ -57,6 +57,8 @@ __all__ = ["FakeAsyncDevice", "FakeEvent", "FakeFuture", "FakeStreamError", "poi
 _POLL_S = 0.05
 #: How long :meth:`FakeAsyncDevice.close` lets queued work drain before aborting it.
 CLOSE_DRAIN_S = 5.0
+#: At interpreter exit, how long all devices' workers get to finish their current item.
+EXIT_JOIN_S = 1.0
 
 _device_ids = itertools.count()
 _live_devices: weakref.WeakSet[FakeAsyncDevice] = weakref.WeakSet()
@@ -495,11 +497,20 @@ def _stop_streams(copy: _Stream, consumer: _Stream, drain_s: float) -> None:
 
 @atexit.register
 def _close_all_devices() -> None:
-    """At exit, stop the workers at once; later consumer releases are no-ops."""
+    """At exit, stop the workers at once (later consumer releases are no-ops), then
+    wait for them, ``EXIT_JOIN_S`` for all: a worker still running a torch op when
+    the interpreter finalises can abort the process (see
+    :func:`pingpong._lifecycle._end_all_epochs`)."""
+    streams = [stream for device in list(_live_devices)
+               for stream in (device.copy_stream, device.consumer_stream)]
     for device in list(_live_devices):
         device._closed = True
-        for stream in (device.copy_stream, device.consumer_stream):
-            stream.stop(drain=False)
+    for stream in streams:
+        stream.stop(drain=False)
+    deadline = time.monotonic() + EXIT_JOIN_S
+    for stream in streams:
+        if stream.thread is not threading.current_thread():
+            stream.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def tensor_digest(tensor: torch.Tensor | None) -> bytes:
