@@ -238,6 +238,14 @@ def free_port(taken: set[int] | None = None) -> int:
     raise RuntimeError("no free TCP port found on 127.0.0.1")
 
 
+def dgl_has_tensorpipe() -> bool:
+    """Whether this DGL has the tensorpipe RPC backend (1.x: its ``DistGraphServer``
+    takes ``net_type``; 2.x has sockets only)."""
+    import dgl.distributed
+
+    return "net_type" in inspect.signature(dgl.distributed.DistGraphServer.__init__).parameters
+
+
 def dgl_net_type_kwargs() -> dict[str, str]:
     """Keyword arguments for ``dgl.distributed.initialize`` and ``DistGraphServer``:
     ``net_type`` from ``PINGPONG_DIST_NET_TYPE`` if it is set, else none (DGL's
@@ -257,8 +265,7 @@ def dgl_net_type_kwargs() -> dict[str, str]:
     if net_type not in ("socket", "tensorpipe"):
         raise ValueError(f"{NET_TYPE_ENV}={net_type!r}: DGL's RPC backends are 'socket' "
                          "and 'tensorpipe'")
-    server_args = inspect.signature(dgl.distributed.DistGraphServer.__init__).parameters
-    if "net_type" in server_args:
+    if dgl_has_tensorpipe():
         return {"net_type": net_type}
     if net_type == "tensorpipe":
         raise ValueError(f"{NET_TYPE_ENV}=tensorpipe, but DGL {dgl.__version__} has sockets "

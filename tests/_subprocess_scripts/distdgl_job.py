@@ -457,10 +457,7 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     heterogeneous graph, a table per node type, the R-GCN-style model."""
     hetero = MODE == "server-kill-hetero"
     if hetero:
-        feat: Any = {t: tr.g.nodes[t].data["feat"] for t in HETERO_NODES}
-        label: Any = {"paper": tr.g.nodes["paper"].data["label"]}
-        source = paper_loader(tr.g, tr.train_nids)
-        model, opt = hetero_ddp_model(tr.g, {t: f.shape[1] for t, f in feat.items()})
+        feat, label, source, model, opt = hetero_training(tr)
     else:
         feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
         source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
@@ -614,17 +611,25 @@ def init_hetero_trainer() -> td.Trainer:
     return td.Trainer(g, rank, world_size, part_config, share[: int(count)], none, none)
 
 
+def hetero_training(tr: td.Trainer) -> tuple[dict[str, Any], dict[str, Any], Any,
+                                             torch.nn.Module, torch.optim.Optimizer]:
+    """The heterogeneous modes' set-up: a feature table per node type, the papers'
+    labels, the papers' shuffled ``DistNodeDataLoader`` over this rank's share, and
+    ``HeteroSAGE`` under DDP with its optimiser."""
+    feats = {t: tr.g.nodes[t].data["feat"] for t in HETERO_NODES}
+    labels = {"paper": tr.g.nodes["paper"].data["label"]}
+    source = paper_loader(tr.g, tr.train_nids)
+    model, opt = hetero_ddp_model(tr.g, {t: f.shape[1] for t, f in feats.items()})
+    return feats, labels, source, model, opt
+
+
 def trainer_hetero_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """Two shuffled epochs over a heterogeneous DistGraph: every batch's tables, node
     type by node type, against the rows pulled afterwards and the original tables."""
 
-    g = tr.g
-    feats = {t: g.nodes[t].data["feat"] for t in HETERO_NODES}
-    labels = {"paper": g.nodes["paper"].data["label"]}
+    feats, labels, source, model, opt = hetero_training(tr)
     truth = torch.load(part_dir / "hetero-equal" / "orig.pt")
     share = tr.train_nids
-    source = paper_loader(g, share)
-    model, opt = hetero_ddp_model(g, {t: f.shape[1] for t, f in feats.items()})
     losses = []
     epochs = []
     with pingpong.PingPongLoader(source, feats, labels, heterogeneous=True, device="cpu",
