@@ -501,9 +501,9 @@ def _close_all_devices() -> None:
     wait for them, ``EXIT_JOIN_S`` for all: a worker still running a torch op when
     the interpreter finalises can abort the process (see
     :func:`pingpong._lifecycle._end_all_epochs`)."""
-    streams = [stream for device in list(_live_devices)
-               for stream in (device.copy_stream, device.consumer_stream)]
-    for device in list(_live_devices):
+    devices = list(_live_devices)
+    streams = [s for device in devices for s in (device.copy_stream, device.consumer_stream)]
+    for device in devices:
         device._closed = True
     for stream in streams:
         stream.stop(drain=False)
