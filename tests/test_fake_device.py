@@ -223,7 +223,9 @@ def test_a_loader_that_fails_to_construct_closes_its_device(monkeypatch):
 
 EXIT_WHILE_A_WORKER_RUNS = """
 import threading, time, torch
+from pingpong.devices import fake
 from pingpong.devices.fake import FakeAsyncDevice
+fake.EXIT_JOIN_S = 10.0  # the join under test; a loaded machine cannot make it run out
 started = threading.Event()
 def busy():
     started.set()
