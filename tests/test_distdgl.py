@@ -636,13 +636,15 @@ def test_example_job_timeout_shows_where_each_process_was(tmp_path: Path) -> Non
     pid_file = tmp_path / "pids.json"
     try:
         returncode, stdout, stderr = run_in_own_session(
-            [sys.executable, str(EXAMPLE), *SMALL, "--epochs", "1000", "--job-timeout", "25",
+            # 40 s: the trainers are training by then (about 15 s in), past their imports
+            # (a process asked for its stacks while still importing dies of the signal)
+            [sys.executable, str(EXAMPLE), *SMALL, "--epochs", "1000", "--job-timeout", "40",
              "--pid-file", str(pid_file)], timeout=JOB_LIMIT_S, cwd=tmp_path)
     finally:
         if pid_file.exists():
             assert_all_gone(pid_file)
     assert returncode == 124, stdout[-4000:] + stderr[-4000:]
-    assert "job timeout (25 s): stopping the job" in stdout
+    assert "job timeout (40 s): stopping the job" in stdout
     for name in ("server 0", "server 1", "trainer 0", "trainer 1"):
         assert f"Python stacks of {name} (pid " in stdout, stdout[-4000:]
     # The trainers write to the launcher's stderr: each main thread, inside trainer_main.
