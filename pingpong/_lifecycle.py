@@ -56,12 +56,12 @@ import enum
 import itertools
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import _rpc
+from ._threads import join_within
 from .errors import EpochSupersededError, LoaderClosedError
 
 if TYPE_CHECKING:
@@ -213,12 +213,9 @@ def _end_all_epochs() -> None:
     # had producers taking turns (a DGL RPC client).
     if _process.hook_after_dgl:
         _wait_for_rpc_client(EXIT_RPC_WAIT_S)
-    deadline = time.monotonic() + EXIT_JOIN_BUDGET_S
     with _process.threads_lock:
         threads = list(_process.threads)
-    for thread in threads:
-        if thread is not threading.current_thread() and thread.ident is not None:
-            thread.join(max(0.0, deadline - time.monotonic()))
+    join_within(threads, EXIT_JOIN_BUDGET_S)
 
 
 def _wait_for_rpc_client(timeout: float) -> None:

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._threads import join_within
 from ..rowsource import RemoteTable
 from ..store import HostTable, byte_rows
 from .base import COMPLETED, Device, Event
@@ -484,15 +485,11 @@ def _nothing() -> None:
 def _stop_streams(copy: _Stream, consumer: _Stream, drain_s: float) -> None:
     for stream in (copy, consumer):
         stream.stop(drain=True)
-    deadline = time.monotonic() + drain_s
-    for stream in (copy, consumer):
-        if stream.thread is not threading.current_thread():
-            stream.thread.join(max(0.0, deadline - time.monotonic()))
+    join_within((copy.thread, consumer.thread), drain_s)
     for stream in (copy, consumer):
         if stream.thread.is_alive():  # a wait that can never complete: give up on it
             stream.stop(drain=False)
-            if stream.thread is not threading.current_thread():
-                stream.thread.join(1.0)
+            join_within((stream.thread,), 1.0)
 
 
 @atexit.register
@@ -507,10 +504,7 @@ def _close_all_devices() -> None:
         device._closed = True
     for stream in streams:
         stream.stop(drain=False)
-    deadline = time.monotonic() + EXIT_JOIN_S
-    for stream in streams:
-        if stream.thread is not threading.current_thread():
-            stream.thread.join(max(0.0, deadline - time.monotonic()))
+    join_within([stream.thread for stream in streams], EXIT_JOIN_S)
 
 
 def tensor_digest(tensor: torch.Tensor | None) -> bytes:

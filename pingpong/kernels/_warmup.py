@@ -54,6 +54,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .._threads import join_within
+
 logger = logging.getLogger(__name__)
 
 #: What a warm-up runs: ``work(should_stop)``; ``should_stop()`` turns True
@@ -172,11 +174,7 @@ def _stop_all() -> None:
         running = list(_running)
     for warm_up in running:
         warm_up._stop.set()
-    deadline = time.monotonic() + EXIT_JOIN_S
-    for warm_up in running:
-        thread = warm_up._thread
-        if thread.ident is not None and thread is not threading.current_thread():
-            thread.join(max(0.0, deadline - time.monotonic()))
+    join_within([warm_up._thread for warm_up in running], EXIT_JOIN_S)
 
 
 def _register_atexit() -> None:

@@ -1,0 +1,44 @@
+"""``join_within``: the exit hooks' wait for a group of threads against one deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from pingpong._threads import join_within
+
+
+def _blocked(release: threading.Event) -> threading.Thread:
+    thread = threading.Thread(target=release.wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_threads_that_end_are_joined_and_none_is_left() -> None:
+    release = threading.Event()
+    threads = [_blocked(release) for _ in range(3)]
+    threading.Timer(0.05, release.set).start()
+    assert join_within(threads, 10.0) == []
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_the_budget_is_for_all_threads_together_and_the_stuck_ones_are_returned() -> None:
+    release = threading.Event()
+    stuck = [_blocked(release) for _ in range(3)]
+    try:
+        t0 = time.monotonic()
+        left = join_within(stuck, 0.5)
+        waited = time.monotonic() - t0
+        assert left == stuck
+        # one budget for the three: 0.5 s, not 3 x 0.5 s
+        assert 0.5 <= waited < 1.4, waited
+    finally:
+        release.set()
+    assert join_within(stuck, 10.0) == []
+
+
+def test_the_calling_thread_and_threads_never_started_are_skipped() -> None:
+    never_started = threading.Thread(target=lambda: None)
+    t0 = time.monotonic()
+    assert join_within([threading.current_thread(), never_started], 5.0) == []
+    assert time.monotonic() - t0 < 1.0
