@@ -28,7 +28,8 @@ Each epoch also records where rank 0's CPU went: its training thread
 and the rest of the process (DGL's RPC threads, gloo). ``--trainers 1`` runs
 one trainer for both partitions (fewer processes than cores);
 ``--samplers K`` gives each trainer K DGL sampler processes
-(``DGL_NUM_SAMPLER``); ``--pin-training-core C`` (one trainer, Linux) keeps core C
+(``DGL_NUM_SAMPLER``), ``--by-value`` has them send small tensors by value
+(:mod:`pingpong.samplerpickle`); ``--pin-training-core C`` (one trainer, Linux) keeps core C
 for the training thread alone and moves every other thread of the job to the
 other cores; ``--profile-producer PATH`` writes a cProfile of the producer threads (thread
 CPU time; it slows them, so not for timing).
@@ -38,6 +39,8 @@ CPU time; it slows them, so not for timing).
     python benchmarks/dist_epoch.py --trainers 1 --out docs/benchmarks --name dist-epoch-cpu-t1
     python benchmarks/dist_epoch.py --trainers 1 --samplers 1 --out docs/benchmarks \
         --name dist-epoch-cpu-t1-s1
+    python benchmarks/dist_epoch.py --trainers 1 --samplers 1 --by-value --out docs/benchmarks \
+        --name dist-epoch-cpu-t1-s1-byvalue
     python benchmarks/dist_epoch.py --trainers 1 --pin-training-core 0 --out docs/benchmarks \
         --name dist-epoch-cpu-t1-pinned
     python benchmarks/dist_epoch.py --quick --trainers 1 --profile-producer producer.prof
@@ -91,6 +94,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="write a cProfile of the producer threads (thread CPU time) here")
     p.add_argument("--samplers", type=int, default=0,
                    help="DGL sampler processes per trainer (DGL_NUM_SAMPLER)")
+    p.add_argument("--by-value", action="store_true",
+                   help="(with --samplers) pingpong.send_sampler_batches_by_value(): the "
+                        "sampler processes send each batch's small tensors by value, for "
+                        "every kind of epoch (default: as shared memory, torch's way)")
     p.add_argument("--trainers", type=int, default=2, choices=(1, 2),
                    help="DDP trainers (2: one per partition; 1: one trainer, the cores less "
                         "oversubscribed)")
@@ -126,6 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.pin_training_core is not None and (args.trainers != 1 or args.samplers):
         p.error("--pin-training-core needs --trainers 1 and no --samplers")
+    if args.by_value and not args.samplers:
+        p.error("--by-value needs --samplers")
     if args.quick:
         args.num_nodes, args.delays_ms, args.rounds = 20_000, [0.0, 3.0], 3
     return args
@@ -203,6 +212,8 @@ def trainer_main(args: argparse.Namespace) -> None:
     if args.profile_producer is not None:
         profile_producer_threads(args.profile_producer)
     tr = td.init_trainer(threads=1)
+    if args.by_value and pingpong.send_sampler_batches_by_value() != args.samplers:
+        raise RuntimeError("pingpong.send_sampler_batches_by_value() found no sampler processes")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     producer_cpus = (None if args.pin_training_core is None
@@ -346,7 +357,10 @@ def render(report: dict[str, Any]) -> str:
     samplers = int(s.get("samplers", 0))
     if samplers:
         trainer_words += (f" with {samplers} DGL sampler process{'es' if samplers > 1 else ''}"
-                          " each (sampling out of the trainer process)")
+                          " each (sampling out of the trainer process"
+                          + ("; small tensors sent by value, "
+                             "`pingpong.send_sampler_batches_by_value()`, for every kind"
+                             if s.get("by_value") else "") + ")")
     table = _common.markdown_table(
         ["delay ms/pull", "sync s", "pingpong s", "load s", "compute s", "bound s",
          "load/compute", "pp / bound", "sync / pp", "pp stall s", "pp steps s",
@@ -550,6 +564,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                      for k, v in vars(args).items()
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
                               "hidden", "delays_ms", "rounds", "trainers", "samplers",
+                              "by_value",
                               "no_local_rows", "no_id_range", "switch_interval",
                               "no_sample_ahead", "pin_training_core", "net_type")},
         "steps_per_epoch": result["steps_per_epoch"],

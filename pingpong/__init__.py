@@ -29,6 +29,7 @@ from .errors import (
     TableError,
 )
 from .loader import PingPongLoader
+from .samplerpickle import send_sampler_batches_by_value
 
 __version__ = "0.1.0"
 
@@ -59,4 +60,5 @@ __all__ = [
     "__version__",
     "as_edge_block",
     "rpc_turn",
+    "send_sampler_batches_by_value",
 ]

@@ -182,16 +182,25 @@ def expected_samplers(mode: str) -> int:
     return int(digits) if digits.isdigit() else int(mode.endswith("-samplers"))
 
 
-@pytest.mark.parametrize("mode", ["equal", "equal-samplers", "equal-samplers2"])
+@pytest.mark.parametrize("mode", ["equal", "equal-samplers", "equal-samplers2",
+                                  "byvalue-samplers2"])
 def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
         part_dir: Path, tmp_path: Path, mode: str) -> None:
     """Two shuffled epochs on both trainers: every batch pingpong delivered equals
     ``feat[input_nodes]`` / ``label[output_nodes]`` pulled synchronously from the
     DistTensors, bit for bit, and the original tables through DGL's renumbering.
     ``equal-samplers``: the same with a DGL sampler process per trainer,
-    ``equal-samplers2`` with two (whose batches arrive in the order they finish)."""
+    ``equal-samplers2`` with two (whose batches arrive in the order they finish);
+    ``byvalue-samplers2`` with two told to send small tensors by value: then no
+    batch's ids come as shared memory (with sampler processes otherwise, every one)."""
     ranks = run_clean_job(mode, tmp_path, part_dir)  # servers shut down by DGL's last trainer
     assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
+    by_value = mode.startswith("byvalue")
+    for report in ranks:
+        batches = sum(e["batches"] for e in report["epochs"])
+        assert report["by_value_told"] == (expected_samplers(mode) if by_value else None)
+        assert report["shared_batches"] == (
+            0 if by_value or not expected_samplers(mode) else batches)
     for report in ranks:
         assert report["loader"] == "PingPongLoader"
         epochs = report["epochs"]

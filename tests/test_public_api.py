@@ -33,6 +33,7 @@ EXPECTED = {
     "__version__",
     "as_edge_block",
     "rpc_turn",
+    "send_sampler_batches_by_value",
 }
 
 

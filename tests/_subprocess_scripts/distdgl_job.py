@@ -24,6 +24,9 @@ Modes (what a trainer does):
 ``equal-samplers``
     ``equal`` with one DGL sampler process per trainer (``DGL_NUM_SAMPLER=1``):
     the ``DistNodeDataLoader`` samples in it, the producer receives its blocks.
+``byvalue-samplers2``
+    ``equal`` with two DGL sampler processes per trainer, told first to send
+    each batch's small tensors by value (``pingpong.send_sampler_batches_by_value``).
 ``edge-equal``
     One shuffled epoch of ``PingPongLoader`` over a ``DistEdgeDataLoader``
     (edge prediction, uniform negatives, ``exclude="self"``) with the
@@ -228,15 +231,20 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     sg = make_synthetic_graph(num_nodes=SPEC.num_nodes, num_classes=SPEC.num_classes,
                               feat_dim=SPEC.feat_dim, avg_degree=SPEC.avg_degree,
                               seed=SPEC.seed)
+    # byvalue-: before the loader exists, so every batch request comes after it
+    told = (pingpong.send_sampler_batches_by_value()
+            if MODE.startswith("byvalue") and BREAK != "not-by-value" else None)
     source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
     model, opt = ddp_model(feat.shape[1])
     epochs = []
+    shared_batches = 0  # batches whose ids came as shared memory (not by value)
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=120) as loader:
         watched = watched_servers(loader)
         sampler_processes = count_sampler_processes()
         for _ in range(2):
             kept = []
             for batch in loader:
+                shared_batches += batch.input_nodes.is_shared() or batch.output_nodes.is_shared()
                 kept.append(tuple(t.clone() for t in (batch.input_nodes, batch.output_nodes,
                                                       batch.x, batch.y)))
                 step(model, opt, batch)
@@ -271,6 +279,7 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
                               == policy.part_id).reshape(-1)
     return {"epochs": epochs, "loader": type(loader).__name__, "stats": stats,
             "watched": watched, "sampler_processes": sampler_processes,
+            "by_value_told": told, "shared_batches": shared_batches,
             "local_id_ranges": id_ranges,
             "local_ids_by_policy": [int(local_ids[0]), int(local_ids[-1]) + 1,
                                     int(local_ids.numel())],
@@ -1072,6 +1081,7 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "server-kill-ddp-race": trainer_server_loss,
             "server-stop": trainer_server_loss,
             "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
+            "byvalue-samplers2": trainer_equal,
             "bad-id-samplers2": trainer_bad_id, "server-stop-samplers2": trainer_server_loss,
             "server-kill-samplers2": trainer_server_loss,
             "break-samplers3": trainer_break_samplers,

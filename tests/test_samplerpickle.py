@@ -1,0 +1,117 @@
+"""Small tensors sent by value between processes (:mod:`pingpong.samplerpickle`).
+
+The DGL path -- the sampler processes of a DistDGL trainer -- is tested in
+``test_distdgl.py`` (mode ``byvalue-samplers2``); here the reduction itself, and a
+real child process that installs it and sends through a ``multiprocessing`` queue.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+
+import pytest
+import torch
+
+import pingpong
+from pingpong import samplerpickle
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    """What the child sends: small tensors of every kind a batch holds, and others."""
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "ids": torch.randint(0, 1 << 40, (3000,), generator=gen),
+        "int32": torch.randint(-100, 100, (7, 5), generator=gen, dtype=torch.int32),
+        "float": torch.randn(64, 16, generator=gen),
+        "bfloat16": torch.randn(9, 3, generator=gen).to(torch.bfloat16),
+        "bool": torch.rand(33, generator=gen) > 0.5,
+        "scalar": torch.tensor(3.5, dtype=torch.float64),
+        "empty": torch.empty(0, 4),
+        "strided": torch.arange(40, dtype=torch.int64).reshape(8, 5).t(),  # not contiguous
+        "big": torch.randn(300, 1024, generator=gen),  # 1.2 MB: over the limit
+    }
+
+
+def _child(queue: mp.Queue, max_bytes: int | None) -> None:
+    if max_bytes is not None:
+        samplerpickle.install_in_this_process(max_bytes)
+    queue.put(_tensors())
+    queue.get()  # the parent's "done": keep the shared segments until it has them
+
+
+def _receive(max_bytes: int | None) -> dict[str, torch.Tensor]:
+    ctx = mp.get_context("spawn")  # as DGL starts its sampler processes
+    queue = ctx.Queue()
+    child = ctx.Process(target=_child, args=(queue, max_bytes), daemon=True)
+    child.start()
+    try:
+        received = queue.get(timeout=120)
+        queue.put("done")
+    finally:
+        child.join(60)
+    assert child.exitcode == 0
+    return received
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
+                            b.contiguous().reshape(-1).view(torch.uint8)))
+
+
+def test_a_child_that_installed_it_sends_small_tensors_by_value_and_big_ones_shared() -> None:
+    received = _receive(1 << 20)
+    sent = _tensors()
+    assert received.keys() == sent.keys()
+    for name, tensor in sent.items():
+        assert _same_bits(received[name], tensor), name
+        # by value: a private copy; over the limit: torch's shared memory, as before
+        assert received[name].is_shared() == (name == "big"), name
+
+
+def test_without_it_every_tensor_comes_as_shared_memory() -> None:
+    """The control: what the child sends when it did not install anything."""
+    received = _receive(None)
+    for name, tensor in _tensors().items():
+        assert _same_bits(received[name], tensor), name
+        if tensor.numel():  # torch sends an empty tensor without a segment
+            assert received[name].is_shared(), name
+
+
+@pytest.mark.parametrize("name", list(_tensors()))
+def test_the_reduction_round_trips_through_pickle(name: str) -> None:
+    tensor = _tensors()[name]
+    reduced = samplerpickle.by_value_reduction(tensor, 1 << 20)
+    if name == "big":
+        assert reduced is None
+        return
+    assert reduced is not None
+    rebuild, args = reduced
+    copy = rebuild(*pickle.loads(pickle.dumps(args)))
+    assert _same_bits(copy, tensor)
+    assert copy.is_contiguous()
+
+
+def test_what_is_left_to_torch() -> None:
+    limit = 1 << 20
+    reduce = samplerpickle.by_value_reduction
+    assert reduce(torch.ones(4, requires_grad=True), limit) is None  # autograd
+    assert reduce(torch.nn.Parameter(torch.ones(4)), limit) is None  # a subclass
+    assert reduce(torch.ones(4).to_sparse(), limit) is None  # not strided
+    assert reduce(torch.ones(256), 1023) is None  # 1024 bytes > 1023
+    assert reduce(torch.ones(256), 1024) is not None
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
+def test_max_bytes_is_checked(bad: object) -> None:
+    with pytest.raises(ValueError, match="max_bytes must be an int >= 0"):
+        pingpong.send_sampler_batches_by_value(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_bytes"):
+        samplerpickle.install_in_this_process(bad)  # type: ignore[arg-type]
+    assert samplerpickle.installed_max_bytes() is None  # nothing was installed here
+
+
+def test_without_sampler_processes_there_is_nothing_to_do() -> None:
+    pytest.importorskip("dgl")
+    assert pingpong.send_sampler_batches_by_value() == 0  # no dgl.distributed.initialize
