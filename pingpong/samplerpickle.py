@@ -8,10 +8,10 @@ asks the sender for the segment's file descriptor over a fresh, authenticated
 socket connection, one per tensor -- about nine per batch of a two-layer
 neighbour sampler. For the small tensors of a batch (ids, a block's edges)
 that costs far more than the bytes: a profile of pingpong's producer thread
-(``benchmarks/dist_epoch.py --samplers 1 --profile-producer``) found it
-spending about 8 of every 10 ms it took to receive a batch in those
-connections, holding the GIL for much of it -- time the training thread then
-waits for.
+(``benchmarks/dist_epoch.py --samplers 1 --profile-producer``, the thread's CPU
+time) found about 8 of the 10.7 ms it took to receive a batch spent on those
+connections -- CPU, much of it Python, that the training step then competes
+with for the cores and the GIL.
 
 :func:`send_sampler_batches_by_value` has every DGL sampler process of this
 trainer pickle a plain CPU tensor of at most ``max_bytes`` by value (its bytes
