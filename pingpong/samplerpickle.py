@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import reduce_tensor  # imported by torch itself
 
 __all__ = ["DEFAULT_MAX_BYTES", "by_value_reduction", "install_in_this_process",
            "installed_max_bytes", "rebuild_tensor", "send_sampler_batches_by_value"]
@@ -62,8 +63,6 @@ def by_value_reduction(tensor: torch.Tensor, max_bytes: int) -> tuple[Any, tuple
 
 def _reduce_tensor(tensor: torch.Tensor) -> Any:
     """The ``ForkingPickler`` reduction this module installs for ``torch.Tensor``."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
     assert _max_bytes is not None
     reduced = by_value_reduction(tensor, _max_bytes)
     return reduce_tensor(tensor) if reduced is None else reduced
@@ -75,10 +74,7 @@ def install_in_this_process(max_bytes: int) -> None:
     Called in each DGL sampler process by :func:`send_sampler_batches_by_value`."""
     global _max_bytes
     _max_bytes = _checked_max_bytes(max_bytes)
-    # torch registers its reductions when torch.multiprocessing is imported: first, so
-    # that this one replaces torch's for torch.Tensor rather than being replaced by it
-    import torch.multiprocessing
-
+    # torch registered its own reductions at ``import torch``: this one replaces torch's
     ForkingPickler.register(torch.Tensor, _reduce_tensor)
 
 
