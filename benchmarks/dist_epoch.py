@@ -31,8 +31,11 @@ one trainer for both partitions (fewer processes than cores);
 (``DGL_NUM_SAMPLER``), ``--by-value`` has them send small tensors by value
 (:mod:`pingpong.samplerpickle`); ``--pin-training-core C`` (one trainer, Linux) keeps core C
 for the training thread alone and moves every other thread of the job to the
-other cores; ``--profile-producer PATH`` writes a cProfile of the producer threads (thread
-CPU time; it slows them, so not for timing).
+other cores; ``--num-buffers N`` gives pingpong N slots; ``--nice-data N`` (Linux) runs
+the data side (the producer thread, the sampler processes, the servers) at nice N, the
+training thread at its own; ``--profile-producer PATH`` writes a cProfile of the
+producer threads (thread CPU time; it slows them, so not for timing). The report also
+gives a CPU floor: the machine's CPU seconds of a load and a compute epoch over its cores.
 
     python benchmarks/dist_epoch.py --quick                       # ~1.5 min smoke run
     python benchmarks/dist_epoch.py --out docs/benchmarks --name dist-epoch-cpu
@@ -44,6 +47,8 @@ CPU time; it slows them, so not for timing).
     python benchmarks/dist_epoch.py --trainers 1 --pin-training-core 0 --out docs/benchmarks \
         --name dist-epoch-cpu-t1-pinned
     python benchmarks/dist_epoch.py --quick --trainers 1 --profile-producer producer.prof
+    python benchmarks/dist_epoch.py --trainers 1 --samplers 1 --by-value --hidden 256 \
+        --delays-ms 0,5,10,15 --out docs/benchmarks --name dist-epoch-cpu-t1-s1-byvalue-h256
 """
 
 from __future__ import annotations
@@ -110,6 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval(S) in the trainers (Python's default: 0.005): "
                         "how long a thread may hold the GIL while another waits for it")
+    p.add_argument("--num-buffers", type=int, default=2,
+                   help="PingPongLoader(num_buffers=N): the producer runs up to N-1 batches "
+                        "ahead of the training loop")
     p.add_argument("--no-sample-ahead", action="store_true",
                    help="PingPongLoader(sample_ahead=False): the producer samples batch k+1 after "
                         "handing batch k over (for an A/B run; default: before, as the "
@@ -118,6 +126,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="(Linux, --trainers 1) run the training thread alone on CORE: every "
                         "other thread of the trainer (pingpong's producer, DGL's RPC threads, "
                         "gloo) and both servers on the other cores")
+    p.add_argument("--nice-data", type=int, default=None, metavar="N",
+                   help="(Linux) raise the nice value of the data side to N: pingpong's "
+                        "producer thread, the trainer's DGL sampler processes and the servers "
+                        "(the training thread keeps its own), for every kind of epoch")
     p.add_argument("--net-type", choices=("socket", "tensorpipe"), default=None,
                    help="DGL's RPC backend for the servers and trainers (default: DGL's own, "
                         "socket; DGL 2.x has no other)")
@@ -207,11 +219,44 @@ def pin_training_thread(core: int, others: frozenset[int]) -> None:
     os.sched_setaffinity(0, {core})
 
 
+def nice_producer_threads(nice: int) -> None:
+    """Every pingpong producer thread of this process sets its own nice value to ``nice``
+    as it starts (Linux: nice is per thread)."""
+    import pingpong._epoch as epoch_module
+
+    produce = epoch_module.produce
+
+    def niced_produce(*args: Any, **kwargs: Any) -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        produce(*args, **kwargs)
+
+    epoch_module.produce = niced_produce
+
+
+def nice_data_processes(nice: int) -> None:
+    """Every thread of this trainer's child processes (DGL's sampler processes) and of the
+    launcher's DGL servers gets nice value ``nice``; exits if no server is found."""
+    procs = psutil.Process().children(recursive=True)
+    servers = [p for p in psutil.Process(os.getppid()).children()
+               if p.environ().get("DGL_ROLE") == "server"]
+    if not servers:
+        raise SystemExit("--nice-data: found none of the launcher's DGL servers")
+    for proc in procs + servers:
+        with contextlib.suppress(psutil.Error):
+            for thread in proc.threads():
+                with contextlib.suppress(ProcessLookupError):
+                    os.setpriority(os.PRIO_PROCESS, thread.id, nice)
+
+
 def trainer_main(args: argparse.Namespace) -> None:
 
     if args.profile_producer is not None:
         profile_producer_threads(args.profile_producer)
+    if args.nice_data is not None:
+        nice_producer_threads(args.nice_data)
     tr = td.init_trainer(threads=1)
+    if args.nice_data is not None:  # the servers and sampler processes run by now
+        nice_data_processes(args.nice_data)
     if args.by_value and pingpong.send_sampler_batches_by_value() != args.samplers:
         raise RuntimeError("pingpong.send_sampler_batches_by_value() found no sampler processes")
     if args.switch_interval is not None:
@@ -233,6 +278,7 @@ def trainer_main(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
 
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=300,
+                                 num_buffers=args.num_buffers,
                                  sample_ahead=not args.no_sample_ahead,
                                  producer_cpus=producer_cpus) as pp:
         if producer_cpus is not None:  # after the loader: its warm-up thread moves too
@@ -345,6 +391,16 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def cpu_floor_s(row: dict[str, Any], cores: int) -> float | None:
+    """The shortest an epoch that does both ``load``'s and ``compute``'s work could take
+    on ``cores`` cores if nothing but their CPU mattered: the machine's CPU seconds in a
+    ``load`` epoch plus in a ``compute`` epoch (every process: trainers, sampler processes,
+    servers), divided by the cores. ``None`` for results without the machine columns."""
+    if "load_machine_cpu_s" not in row or "compute_machine_cpu_s" not in row:
+        return None
+    return (row["load_machine_cpu_s"] + row["compute_machine_cpu_s"]) / cores
+
+
 def judged_point(summary: list[dict[str, Any]]) -> dict[str, Any]:
     """The delay whose load/compute ratio is closest to 1 (where the speedup is judged)."""
     return min(summary, key=lambda r: abs(r["load_over_compute"] - 1.0))
@@ -399,6 +455,19 @@ def render(report: dict[str, Any]) -> str:
                          f"{r['load_cpu_s']:.2f} + compute {r['compute_cpu_s']:.2f} s"
                          for r in summary)
     eff_ok = [r for r in report["summary"] if r["efficiency"] <= GOAL_EFFICIENCY]
+    cores = int(report["machine"]["logical_cores"])
+    floors = [(r, cpu_floor_s(r, cores)) for r in summary]
+    floor_line = ""
+    if summary and all(f is not None for _, f in floors):
+        floor_line = (
+            f"- Cores: the machine's CPU seconds of a load epoch plus a compute epoch (every "
+            f"process), over its {cores} cores, give the shortest epoch that doing both at "
+            "once allows here (`floor`, if overlapping saves no CPU); where floor > "
+            f"{GOAL_EFFICIENCY}x bound, this machine's cores alone keep the overlap goal out "
+            "of reach. "
+            + "; ".join(f"{r['delay_ms']:g} ms: floor {f:.2f} s = {f / r['bound_s']:.2f}x "
+                        f"bound, pingpong {r['pingpong_s'] / max(f, r['bound_s']):.2f}x "
+                        "max(bound, floor)" for r, f in floors) + ".")
     thread_line = ""
     if split_table:
         zero = min(summary, key=lambda r: r["delay_ms"])
@@ -443,6 +512,10 @@ def render(report: dict[str, Any]) -> str:
            "reads the rows of the trainer's own partition in place and pulls the others"
            + ("; the ids split by DGL's part_policy per batch, not by the partition's id "
               "range" if s.get("no_id_range") else ""))
+        + (f"; {s['num_buffers']} slots (the producer up to {s['num_buffers'] - 1} batches "
+           "ahead)" if s.get("num_buffers", 2) != 2 else "")
+        + (f"; the data side at nice {s['nice_data']} (producer thread, sampler processes, "
+           "servers)" if s.get("nice_data") is not None else "")
         + ("; the producer samples batch k+1 after handing batch k over (no sample-ahead)"
            if s.get("no_sample_ahead") else "")
         + (f"; GIL switch interval {s['switch_interval'] * 1e3:g} ms in the trainers "
@@ -491,6 +564,7 @@ def render(report: dict[str, Any]) -> str:
         f"goal >= {GOAL_SPEEDUP}x: {'met' if judged['speedup'] >= GOAL_SPEEDUP else 'NOT met'}"
         " (all delays: " + ", ".join(f"{r['delay_ms']:g} ms {r['speedup']:.2f}x"
                                      for r in report["summary"]) + ").",
+        *([floor_line] if floor_line else []),
         "", "## Why", "",
         f"In compute-only epochs a trainer process used {share:.2f} cores (CPU s / wall s, "
         f"median over delays): {trainers} trainer process{'es' if trainers > 1 else ''}, "
@@ -564,7 +638,7 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                      for k, v in vars(args).items()
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
                               "hidden", "delays_ms", "rounds", "trainers", "samplers",
-                              "by_value",
+                              "by_value", "num_buffers", "nice_data",
                               "no_local_rows", "no_id_range", "switch_interval",
                               "no_sample_ahead", "pin_training_core", "net_type")},
         "steps_per_epoch": result["steps_per_epoch"],
