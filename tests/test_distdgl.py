@@ -183,7 +183,7 @@ def expected_samplers(mode: str) -> int:
 
 
 @pytest.mark.parametrize("mode", ["equal", "equal-samplers", "equal-samplers2",
-                                  "byvalue-samplers2"])
+                                  "byvalue-samplers3"])
 def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
         part_dir: Path, tmp_path: Path, mode: str) -> None:
     """Two shuffled epochs on both trainers: every batch pingpong delivered equals
@@ -191,7 +191,7 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
     DistTensors, bit for bit, and the original tables through DGL's renumbering.
     ``equal-samplers``: the same with a DGL sampler process per trainer,
     ``equal-samplers2`` with two (whose batches arrive in the order they finish);
-    ``byvalue-samplers2`` with two told to send small tensors by value: then no
+    ``byvalue-samplers3`` with three told to send small tensors by value: then no
     batch's ids come as shared memory (with sampler processes otherwise, every one)."""
     ranks = run_clean_job(mode, tmp_path, part_dir)  # servers shut down by DGL's last trainer
     assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2

@@ -1,7 +1,7 @@
 """Small tensors sent by value between processes (:mod:`pingpong.samplerpickle`).
 
 The DGL path -- the sampler processes of a DistDGL trainer -- is tested in
-``test_distdgl.py`` (mode ``byvalue-samplers2``); here the reduction itself, and a
+``test_distdgl.py`` (mode ``byvalue-samplers3``); here the reduction itself, and a
 real child process that installs it and sends through a ``multiprocessing`` queue.
 """
 

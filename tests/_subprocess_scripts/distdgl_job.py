@@ -24,8 +24,8 @@ Modes (what a trainer does):
 ``equal-samplers``
     ``equal`` with one DGL sampler process per trainer (``DGL_NUM_SAMPLER=1``):
     the ``DistNodeDataLoader`` samples in it, the producer receives its blocks.
-``byvalue-samplers2``
-    ``equal`` with two DGL sampler processes per trainer, told first to send
+``byvalue-samplers3``
+    ``equal`` with three DGL sampler processes per trainer, told first to send
     each batch's small tensors by value (``pingpong.send_sampler_batches_by_value``).
 ``edge-equal``
     One shuffled epoch of ``PingPongLoader`` over a ``DistEdgeDataLoader``
@@ -1081,7 +1081,7 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "server-kill-ddp-race": trainer_server_loss,
             "server-stop": trainer_server_loss,
             "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
-            "byvalue-samplers2": trainer_equal,
+            "byvalue-samplers3": trainer_equal,
             "bad-id-samplers2": trainer_bad_id, "server-stop-samplers2": trainer_server_loss,
             "server-kill-samplers2": trainer_server_loss,
             "break-samplers3": trainer_break_samplers,
