@@ -431,13 +431,14 @@ def test_out_of_range_id_of_one_node_type_is_refused_before_any_pull(
 
 
 @pytest.mark.parametrize("mode", ["server-stop", "server-stop-samplers",
-                                  "server-stop-samplers2"])
+                                  "server-stop-samplers2", "server-stop-hetero"])
 def test_server_stopped_mid_epoch_raises_batch_timeout(mode: str, part_dir: Path,
                                                        tmp_path: Path) -> None:
     """SIGSTOP to server 1 in the second epoch: it stays connected but never answers, so
     DGL's pull waits for ever; the loader's timeout= turns that into BatchTimeoutError
     in the training loop of the trainers waiting on it, and no process hangs (also
-    with a DGL sampler process per trainer, which waits on the server too)."""
+    with a DGL sampler process per trainer, which waits on the server too, and on the
+    heterogeneous graph, a table per node type: ``server-stop-hetero``)."""
     job, ranks = run_job(mode, tmp_path, part_dir)
     assert [r["sampler_processes"] for r in ranks] == [expected_samplers(mode)] * 2
     assert [e["signal"] for e in job["events"]] == ["SIGSTOP"]

@@ -101,9 +101,9 @@ Modes (what a trainer does):
     ``server-kill`` with trainer 1 parked a batch later than trainer 0: it is
     in DDP's all-reduce of that batch when trainer 0 leaves on its
     ``ServerGoneError``, gets gloo's error, and asks the loader's server watch.
-``server-kill-hetero``
-    ``server-kill`` on the heterogeneous graph (``hetero-equal``'s tables,
-    ``heterogeneous=True``, the R-GCN-style model).
+``server-kill-hetero``, ``server-stop-hetero``
+    ``server-kill``, ``server-stop`` on the heterogeneous graph (``hetero-equal``'s
+    tables, ``heterogeneous=True``, the R-GCN-style model).
 ``server-kill-random``
     ``server-kill`` at whatever moment rank 0 is three steps into the second
     epoch; the step takes ``PINGPONG_DISTDGL_STEP_S`` seconds (default 0.2).
@@ -462,9 +462,10 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     """Epochs of slow DDP steps until the launcher disturbs server 1; how the training
     loop ended is recorded, and -- when that was not pingpong's ServerGoneError (the
     other trainer left while this one was in one of DDP's collectives) -- what the
-    loader's server watch says then (``watch_after``). ``server-kill-hetero``: on the
-    heterogeneous graph, a table per node type, the R-GCN-style model."""
-    hetero = MODE == "server-kill-hetero"
+    loader's server watch says then (``watch_after``). ``server-kill-hetero``,
+    ``server-stop-hetero``: on the heterogeneous graph, a table per node type, the
+    R-GCN-style model."""
+    hetero = MODE in HETERO_SERVER_LOSS_MODES
     if hetero:
         feat, label, source, model, opt = hetero_training(tr)
     else:
@@ -577,8 +578,11 @@ EDGE_SEED_TYPES = ("cites", "writes")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
 PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2",
                      "server-kill-hetero", "server-kill-ddp-race")
+#: Server-loss modes on the heterogeneous graph.
+HETERO_SERVER_LOSS_MODES = ("server-kill-hetero", "server-stop-hetero")
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-hetero": hetero_graph,
                 "hetero-bad-id": hetero_graph, "server-kill-hetero": hetero_graph,
+                "server-stop-hetero": hetero_graph,
                 "edge-labels": edge_label_graph}
 
 
@@ -1078,6 +1082,7 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-kill-samplers": trainer_server_loss,
             "server-kill-hetero": trainer_server_loss,
+            "server-stop-hetero": trainer_server_loss,
             "server-kill-ddp-race": trainer_server_loss,
             "server-stop": trainer_server_loss,
             "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
@@ -1094,7 +1099,8 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 
     global MODE
     MODE = mode
-    tr = (init_hetero_trainer() if mode.startswith("hetero") or mode == "server-kill-hetero" else
+    tr = (init_hetero_trainer() if mode.startswith("hetero") or mode in HETERO_SERVER_LOSS_MODES
+          else
           init_plain_trainer() if mode in ("edge-labels", "edge-hetero") else
           td.init_trainer(threads=1))
     record = TRAINERS[mode](tr, out, part_dir)
