@@ -42,6 +42,15 @@ def no_leaked_pingpong_threads() -> Iterator[None]:
     assert not leaked, f"leaked threads: {[t.name for t in leaked]}"
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a`` and ``b`` have the same dtype and shape and the same bytes, element by
+    element (NaN payloads and -0.0 included); any layout, 0-d, empty, any device."""
+    def as_bytes(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(as_bytes(a), as_bytes(b))
+
+
 def make_triples(
     num_rows: int,
     num_batches: int,

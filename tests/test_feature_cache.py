@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import make_triples
+from conftest import make_triples, same_bits
 
 from pingpong import PingPongLoader
 from pingpong.devices.fake import FakeAsyncDevice
@@ -34,11 +34,6 @@ def _skewed_triples(seed: int, count: int = 12) -> list:
     return triples
 
 
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and torch.equal(a.reshape(-1).view(torch.uint8),
-                                              b.reshape(-1).view(torch.uint8))
-
-
 def _fake() -> FakeAsyncDevice:
     return FakeAsyncDevice(seed=1, max_delay_s=0.001)
 
@@ -47,7 +42,7 @@ def _run_epoch(loader, triples, features) -> int:
     count = 0
     for batch, (inputs, _outputs, _blocks) in zip(loader, triples, strict=True):
         loader._device.synchronize()
-        assert _same_bytes(batch.x, features[inputs])
+        assert same_bits(batch.x, features[inputs])
         count += 1
     return count
 
@@ -142,7 +137,7 @@ def test_labels_duplicates_and_empty_batches_are_exact_in_every_epoch():
         for _ in range(3):
             for batch, (inputs, outputs, _b) in zip(loader, triples, strict=True):
                 loader._device.synchronize()
-                assert _same_bytes(batch.x, features[inputs])
+                assert same_bits(batch.x, features[inputs])
                 assert torch.equal(batch.y, labels[outputs])
 
 

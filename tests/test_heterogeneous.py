@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import same_bits
 from test_reliability import DEVICE_KINDS, make_device
 
 import pingpong
@@ -56,10 +57,6 @@ def typed_triples(num_batches: int, seed: int = 0) -> list[tuple[Any, Any, list[
     return triples
 
 
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().contiguous().view(torch.uint8)
-
-
 def check_batch(batch: Any, features: dict[str, torch.Tensor],
                 labels: dict[str, torch.Tensor] | None) -> None:
     """Every typed table of the batch equals its synchronous reference, bit for bit."""
@@ -67,7 +64,7 @@ def check_batch(batch: Any, features: dict[str, torch.Tensor],
     for ntype, table in features.items():
         ids = typed(batch.input_nodes, ntype)
         assert batch.x[ntype].shape == (len(ids), *table.shape[1:]), ntype
-        assert torch.equal(bits(batch.x[ntype]), bits(table[ids])), ntype
+        assert same_bits(batch.x[ntype], table[ids]), ntype
     if labels is None:
         assert batch.y is None
         return
@@ -75,7 +72,7 @@ def check_batch(batch: Any, features: dict[str, torch.Tensor],
     for ntype, table in labels.items():
         ids = typed(batch.output_nodes, ntype)
         assert batch.y[ntype].shape == (len(ids), *table.shape[1:]), ntype
-        assert torch.equal(bits(batch.y[ntype]), bits(table[ids])), ntype
+        assert same_bits(batch.y[ntype], table[ids]), ntype
 
 
 def typed(ids: dict[str, torch.Tensor], ntype: str) -> torch.Tensor:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from conftest import make_triples, pingpong_threads, wait_for_no_pingpong_threads
+from conftest import make_triples, pingpong_threads, same_bits, wait_for_no_pingpong_threads
 
 import pingpong
 from pingpong import Batch, PingPongLoader
@@ -24,12 +24,6 @@ def reference(features, labels, triple):
     return x, (labels[outputs] if labels is not None else None), blocks
 
 
-def assert_bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> None:
-    assert a.dtype == b.dtype
-    assert a.shape == b.shape
-    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.numel() else True
-
-
 def check_epoch(loader, source, features, labels) -> int:
     count = 0
     for batch, triple in zip(loader, source, strict=True):
@@ -41,13 +35,13 @@ def check_epoch(loader, source, features, labels) -> int:
         if isinstance(x_ref, dict):
             assert set(batch.x) == set(x_ref)
             for key in x_ref:
-                assert_bitwise_equal(batch.x[key], x_ref[key])
+                assert same_bits(batch.x[key], x_ref[key]), key
         else:
-            assert_bitwise_equal(batch.x, x_ref)
+            assert same_bits(batch.x, x_ref)
         if y_ref is None:
             assert batch.y is None
         else:
-            assert_bitwise_equal(batch.y, y_ref)
+            assert same_bits(batch.y, y_ref)
         count += 1
     return count
 

@@ -12,6 +12,7 @@ import pickle
 
 import pytest
 import torch
+from conftest import same_bits
 
 import pingpong
 from pingpong import samplerpickle
@@ -54,18 +55,12 @@ def _receive(max_bytes: int | None) -> dict[str, torch.Tensor]:
     return received
 
 
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.dtype == b.dtype and a.shape == b.shape
-            and torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
-                            b.contiguous().reshape(-1).view(torch.uint8)))
-
-
 def test_a_child_that_installed_it_sends_small_tensors_by_value_and_big_ones_shared() -> None:
     received = _receive(1 << 20)
     sent = _tensors()
     assert received.keys() == sent.keys()
     for name, tensor in sent.items():
-        assert _same_bits(received[name], tensor), name
+        assert same_bits(received[name], tensor), name
         # by value: a private copy; over the limit: torch's shared memory, as before
         assert received[name].is_shared() == (name == "big"), name
 
@@ -74,7 +69,7 @@ def test_without_it_every_tensor_comes_as_shared_memory() -> None:
     """The control: what the child sends when it did not install anything."""
     received = _receive(None)
     for name, tensor in _tensors().items():
-        assert _same_bits(received[name], tensor), name
+        assert same_bits(received[name], tensor), name
         if tensor.numel():  # torch sends an empty tensor without a segment
             assert received[name].is_shared(), name
 
@@ -89,7 +84,7 @@ def test_the_reduction_round_trips_through_pickle(name: str) -> None:
     assert reduced is not None
     rebuild, args = reduced
     copy = rebuild(*pickle.loads(pickle.dumps(args)))
-    assert _same_bits(copy, tensor)
+    assert same_bits(copy, tensor)
     assert copy.is_contiguous()
 
 
