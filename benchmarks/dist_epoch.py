@@ -237,8 +237,11 @@ def nice_data_processes(nice: int) -> None:
     """Every thread of this trainer's child processes (DGL's sampler processes) and of the
     launcher's DGL servers gets nice value ``nice``; exits if no server is found."""
     procs = psutil.Process().children(recursive=True)
-    servers = [p for p in psutil.Process(os.getppid()).children()
-               if p.environ().get("DGL_ROLE") == "server"]
+    servers = []
+    for sibling in psutil.Process(os.getppid()).children():
+        with contextlib.suppress(psutil.Error):
+            if sibling.environ().get("DGL_ROLE") == "server":
+                servers.append(sibling)
     if not servers:
         raise SystemExit("--nice-data: found none of the launcher's DGL servers")
     for proc in procs + servers:
