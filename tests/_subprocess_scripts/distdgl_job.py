@@ -1099,10 +1099,12 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
 
     global MODE
     MODE = mode
-    tr = (init_hetero_trainer() if mode.startswith("hetero") or mode in HETERO_SERVER_LOSS_MODES
-          else
-          init_plain_trainer() if mode in ("edge-labels", "edge-hetero") else
-          td.init_trainer(threads=1))
+    if mode.startswith("hetero") or mode in HETERO_SERVER_LOSS_MODES:
+        tr = init_hetero_trainer()
+    elif mode in ("edge-labels", "edge-hetero"):
+        tr = init_plain_trainer()
+    else:
+        tr = td.init_trainer(threads=1)
     record = TRAINERS[mode](tr, out, part_dir)
     write_json(out / f"rank{tr.rank}.json", {"rank": tr.rank, "pid": os.getpid(), **record})
     td.leave_process_group(tr.rank)
