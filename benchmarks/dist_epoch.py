@@ -208,15 +208,23 @@ def pin_training_thread(core: int, others: frozenset[int]) -> None:
     later, get there through ``producer_cpus``.
     """
     _move_threads(psutil.Process(), others, but=threading.get_native_id())
-    servers = 0
+    for server in launcher_servers("--pin-training-core"):
+        _move_threads(server, others)
+    os.sched_setaffinity(0, {core})
+
+
+def launcher_servers(option: str) -> list[psutil.Process]:
+    """The DGL servers the launcher of this trainer started (its siblings with
+    ``DGL_ROLE=server``; one that cannot be read is skipped); exits naming ``option``
+    if there is none."""
+    servers = []
     for sibling in psutil.Process(os.getppid()).children():
         with contextlib.suppress(psutil.Error):
             if sibling.environ().get("DGL_ROLE") == "server":
-                _move_threads(sibling, others)
-                servers += 1
-    if servers == 0:
-        raise SystemExit("--pin-training-core: found none of the launcher's DGL servers")
-    os.sched_setaffinity(0, {core})
+                servers.append(sibling)
+    if not servers:
+        raise SystemExit(f"{option}: found none of the launcher's DGL servers")
+    return servers
 
 
 def nice_producer_threads(nice: int) -> None:
@@ -236,15 +244,8 @@ def nice_producer_threads(nice: int) -> None:
 def nice_data_processes(nice: int) -> None:
     """Every thread of this trainer's child processes (DGL's sampler processes) and of the
     launcher's DGL servers gets nice value ``nice``; exits if no server is found."""
-    procs = psutil.Process().children(recursive=True)
-    servers = []
-    for sibling in psutil.Process(os.getppid()).children():
-        with contextlib.suppress(psutil.Error):
-            if sibling.environ().get("DGL_ROLE") == "server":
-                servers.append(sibling)
-    if not servers:
-        raise SystemExit("--nice-data: found none of the launcher's DGL servers")
-    for proc in procs + servers:
+    procs = psutil.Process().children(recursive=True) + launcher_servers("--nice-data")
+    for proc in procs:
         with contextlib.suppress(psutil.Error):
             for thread in proc.threads():
                 with contextlib.suppress(ProcessLookupError):
