@@ -11,7 +11,8 @@ workloads (CPU seconds per call, ``time.thread_time``):
               benchmark's shapes: fanouts 5,5, batch 200, 128 features,
               hidden 256 by default) -- the training thread's work;
   ``gather``  pingpong's Numba CPU gather of a batch's feature rows, random
-              ids into a 1-D preallocated buffer -- the copying a producer does.
+              ids into a preallocated (8000, 128) buffer -- the copying a
+              producer does.
 
 neighbours, each started once and kept stopped (SIGSTOP) except while it is
 measured against, so one runs at a time:
@@ -21,8 +22,9 @@ measured against, so one runs at a time:
   ``train``, ``gather``  the workloads above, in a loop.
 
 Every round measures each (workload, neighbour) pair once, in a shuffled
-order; the report gives medians and each pair's slowdown against ``none``
-(median over rounds of the paired ratio). Linux only (``sched_setaffinity``).
+order; the report gives medians, their ratio to ``none``'s, and the median
+over rounds of each pair's ratio to the same round's ``none``. A neighbour
+that has died stops the run. Linux only (``sched_setaffinity``).
 
     python benchmarks/core_interference.py --out docs/benchmarks --name core-interference-cpu
 """
@@ -152,6 +154,7 @@ def neighbour_main(kind: str, core: int, hidden: int) -> None:
            "train": lambda: make_train(hidden, seed=1)}[kind]()
     run()
     print("READY", flush=True)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nobody reads the pipe now
     while True:
         run()
 
@@ -178,8 +181,11 @@ class Neighbours:
             raise
 
     def only(self, kind: str) -> None:
-        """Let ``kind`` run (none: stop all) and give it 0.2 s to get going."""
+        """Let ``kind`` run (none: stop all) and give it 0.2 s to get going;
+        raises if a neighbour has died."""
         for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"neighbour {name} died (exit {proc.returncode})")
             proc.send_signal(signal.SIGCONT if name == kind else signal.SIGSTOP)
         time.sleep(0.2)
 
@@ -233,12 +239,17 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "workload": workload, "neighbour": neighbour,
                 "cpu_s": statistics.median(r["cpu_s"] for r in mine),
                 "wall_s": statistics.median(r["wall_s"] for r in mine),
-                "other_cores": statistics.median(r["other_cores"] or 0.0 for r in mine),
+                "other_cores": _median_or_none([r["other_cores"] for r in mine]),
                 "slowdown": statistics.median(r["cpu_s"] / alone[r["round"]] for r in mine),
                 "slowdown_min": min(r["cpu_s"] / alone[r["round"]] for r in mine),
                 "slowdown_max": max(r["cpu_s"] / alone[r["round"]] for r in mine),
             })
     return out
+
+
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def topology(core: int) -> str:
@@ -280,7 +291,7 @@ def render(report: dict[str, Any]) -> str:
         paired = f"{row['slowdown']:.2f} ({row['slowdown_min']:.2f}-{row['slowdown_max']:.2f})"
         table.append([row["workload"], row["neighbour"], f"{row['cpu_s']:.3f}",
                       f"{row['wall_s']:.3f}", f"{row['cpu_s'] / alone[row['workload']]:.2f}",
-                      paired, f"{row['other_cores']:.2f}"])
+                      paired, "?" if row["other_cores"] is None else f"{row['other_cores']:.2f}"])
     lines.append(_common.markdown_table(
         ["workload", "neighbour", "cpu s", "wall s", "cpu / none's", "slowdown", "other"],
         table))
