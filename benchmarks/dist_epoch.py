@@ -125,7 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pin-training-core", type=int, default=None, metavar="CORE",
                    help="(Linux, --trainers 1) run the training thread alone on CORE: every "
                         "other thread of the trainer (pingpong's producer, DGL's RPC threads, "
-                        "gloo) and both servers on the other cores")
+                        "gloo), its DGL sampler processes and both servers on the other cores")
     p.add_argument("--nice-data", type=int, default=None, metavar="N",
                    help="(Linux) raise the nice value of the data side to N: pingpong's "
                         "producer thread, the trainer's DGL sampler processes and the servers "
@@ -143,8 +143,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="dist-epoch-cpu")
     p.add_argument("--from-json", type=Path, default=None, help="re-render the Markdown only")
     args = p.parse_args(argv)
-    if args.pin_training_core is not None and (args.trainers != 1 or args.samplers):
-        p.error("--pin-training-core needs --trainers 1 and no --samplers")
+    if args.pin_training_core is not None and args.trainers != 1:
+        p.error("--pin-training-core needs --trainers 1")
     if args.by_value and not args.samplers:
         p.error("--by-value needs --samplers")
     if args.quick:
@@ -202,14 +202,16 @@ def pin_training_thread(core: int, others: frozenset[int]) -> None:
     """Keep ``core`` for the calling (training) thread alone (Linux).
 
     Every other thread of this process (DGL's RPC threads, gloo's, pingpong's
-    kernel warm-up: call this after building the loader) and every thread of
-    the DGL servers that the same launcher started (siblings of this trainer
-    with ``DGL_ROLE=server``) move to ``others``; the producer threads, started
-    later, get there through ``producer_cpus``.
+    kernel warm-up: call this after building the loader), every thread of its
+    child processes (DGL's sampler processes) and of the DGL servers that the
+    same launcher started (siblings of this trainer with ``DGL_ROLE=server``)
+    move to ``others``; the producer threads, started later, get there through
+    ``producer_cpus``.
     """
     _move_threads(psutil.Process(), others, but=threading.get_native_id())
-    for server in launcher_servers("--pin-training-core"):
-        _move_threads(server, others)
+    for proc in psutil.Process().children(recursive=True) + launcher_servers(
+            "--pin-training-core"):
+        _move_threads(proc, others)
     os.sched_setaffinity(0, {core})
 
 
@@ -527,7 +529,9 @@ def render(report: dict[str, Any]) -> str:
         + (f"; DGL's {s['net_type']} RPC backend"
            if s.get("net_type") not in (None, "socket") else "")
         + (f"; the training thread alone on core {s['pin_training_core']}, the producer, "
-           "DGL's RPC threads and both servers on the other cores"
+           "DGL's RPC threads, "
+           + ("the sampler processes " if s.get("samplers") else "")
+           + "and both servers on the other cores"
            if s.get("pin_training_core") is not None else "")
         + f"); GraphSAGE hidden {s['hidden']}. Medians of "
         f"{min(r['epochs_each'] for r in report['summary'])} timed epochs of each kind per "
