@@ -209,10 +209,15 @@ def pin_training_thread(core: int, others: frozenset[int]) -> None:
     ``producer_cpus``.
     """
     _move_threads(psutil.Process(), others, but=threading.get_native_id())
-    for proc in psutil.Process().children(recursive=True) + launcher_servers(
-            "--pin-training-core"):
+    for proc in data_side_processes("--pin-training-core"):
         _move_threads(proc, others)
     os.sched_setaffinity(0, {core})
+
+
+def data_side_processes(option: str) -> list[psutil.Process]:
+    """This trainer's child processes (DGL's sampler processes) and the launcher's DGL
+    servers (:func:`launcher_servers`, which exits naming ``option`` if there is none)."""
+    return psutil.Process().children(recursive=True) + launcher_servers(option)
 
 
 def launcher_servers(option: str) -> list[psutil.Process]:
@@ -246,8 +251,7 @@ def nice_producer_threads(nice: int) -> None:
 def nice_data_processes(nice: int) -> None:
     """Every thread of this trainer's child processes (DGL's sampler processes) and of the
     launcher's DGL servers gets nice value ``nice``; exits if no server is found."""
-    procs = psutil.Process().children(recursive=True) + launcher_servers("--nice-data")
-    for proc in procs:
+    for proc in data_side_processes("--nice-data"):
         with contextlib.suppress(psutil.Error):
             for thread in proc.threads():
                 with contextlib.suppress(ProcessLookupError):
