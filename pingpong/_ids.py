@@ -16,10 +16,16 @@ _TORCH_ID_DTYPES = (torch.int32, torch.int64)
 
 
 def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
-    """Return ``ids`` as a validated 1-D int32/int64 NumPy array on the host.
+    """Return ``ids`` as a validated 1-D int32/int64 NumPy array on the host that is
+    C-contiguous and writeable.
 
     Accepts a torch tensor (any device; a device tensor is copied to the host)
-    or a NumPy array.  Shares memory with a CPU tensor; never reads a table.
+    or a NumPy array.  Shares memory with a CPU tensor or array that already is
+    contiguous and writeable; otherwise returns a contiguous copy (a strided view
+    such as ``ids[::-1]``, a read-only array): every consumer -- ``torch.from_numpy``
+    in the CPU fallback, a row source's fetch, the CUDA id staging -- can take it
+    as it is (``torch.from_numpy`` refuses negative strides and warns on read-only
+    arrays).  Never reads a table.
 
     Raises:
         IdTypeError: not a tensor/array, or a dtype other than int32/int64
@@ -45,6 +51,8 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
     else:
         raise IdTypeError(f"{name} must be a torch.Tensor or numpy array, got {type(ids).__name__}")
     check_id_range(array, num_rows, name)
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        array = np.array(array, order="C")  # a copy, which is both
     return array
 
 
@@ -89,8 +97,9 @@ def batch_ids(
     )
 
 
+#: The ids of a table with none in a batch.  Writeable like every array of a
+#: :data:`TableIds` (see :func:`host_ids`); being empty, it holds nothing to write.
 _NO_IDS = np.empty(0, dtype=np.int64)
-_NO_IDS.flags.writeable = False
 
 
 def _typed_ids(ids: Any, tables: dict[str | None, Table], name: str) -> TableIds:

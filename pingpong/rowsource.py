@@ -20,7 +20,8 @@ takes a slot -- so a slow fetch overlaps training like sampling does, and a
 stuck one never holds a slot or blocks ``close()`` -- then copies them into
 the slot (on CUDA through a pinned staging buffer on the copy stream; rows held
 locally: see below).  Ids
-are checked against ``N`` before any fetch; a fetch that raises reaches the
+are checked against ``N`` before any fetch, and a table with no ids in a batch
+(a node type absent from it) is not asked at all; a fetch that raises reaches the
 training loop with its original exception; a fetch that returns the wrong
 shape or dtype raises :class:`~pingpong.errors.TableError`.
 
@@ -237,9 +238,13 @@ class RemoteTable:
     def fetch(self, ids: np.ndarray) -> torch.Tensor:
         """The rows at ``ids`` (validated), as a contiguous CPU tensor; checks what came back.
 
+        No ids: no call to the source (an empty result of the table's row shape).
+
         Raises what the source raises, and :class:`~pingpong.errors.TableError`
         for a result of the wrong type, shape, dtype or device.
         """
+        if len(ids) == 0:  # a node type absent from a batch: no round trip for nothing
+            return torch.empty((0, *self.row_shape), dtype=self.dtype)
         rows = self.source[torch.from_numpy(np.asarray(ids, dtype=np.int64))]
         want = (len(ids), *self.row_shape)
         if not isinstance(rows, torch.Tensor):

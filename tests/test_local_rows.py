@@ -29,6 +29,7 @@ from test_reliability import (
     make_table,
     seq_triples,
 )
+from test_rowsource import dense_ids, ids_of_every_layout
 
 import pingpong
 from pingpong import PingPongLoader, rowsource
@@ -391,6 +392,25 @@ def test_a_range_partition_is_split_without_calling_the_policy_per_batch(device_
         calls_at_construction = [s.part_policy.calls for s in (x_source, y_source)]
         check_two_epochs(loader, features, labels, triples, x_source, y_source)
     assert [s.part_policy.calls for s in (x_source, y_source)] == calls_at_construction
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake", *CUDA_MODE_KINDS])
+@pytest.mark.parametrize("make_source", [PartitionedRows, booked_rows],
+                         ids=["policy", "range"])
+def test_local_rows_take_ids_of_every_layout(device_kind, make_source):
+    """Reversed, read-only, strided and int32 ids, split by the policy or by the range."""
+    triples = ids_of_every_layout()
+    features, labels = make_table(N, (5,)), make_table(N, (), torch.int64)
+    dense = [(dense_ids(i), dense_ids(o), b) for i, o, b in triples]
+    where = loader_device(device_kind, seed=6)
+    device = "cuda" if device_kind.startswith("cuda") else where["device"]
+    verifier = Verifier(device, Expected(features, labels, dense))
+    with PingPongLoader(triples, make_source(features), make_source(labels), **where) as loader:
+        for batch in loader:
+            verifier.submit(batch)
+        verifier.resolve()
+        assert loader.stats["rows_read_in_place"] > 0
+    assert (verifier.checked, verifier.corrupted) == (4, 0)
 
 
 @pytest.mark.parametrize("part_id", [0, 1, 2])

@@ -29,6 +29,7 @@ from test_reliability import (
 
 import pingpong
 from pingpong import PingPongLoader
+from pingpong._ids import host_ids
 
 N = 400
 
@@ -96,6 +97,40 @@ def test_bad_output_ids_dtype_is_refused_when_labels_are_used():
             list(loader)
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array = array.copy()
+    array.flags.writeable = False
+    return array
+
+
+@pytest.mark.parametrize(("layout", "shared"), [
+    (lambda base: base, True),
+    (lambda base: base.numpy(), True),
+    (lambda base: base[::2], False),
+    (lambda base: base.numpy()[::-1], False),
+    (lambda base: _read_only(base.numpy()), False),
+    (lambda base: base.to(torch.int32).numpy()[::-2], False),
+], ids=["tensor", "array", "tensor[::2]", "array[::-1]", "read-only", "int32[::-2]"])
+def test_host_ids_are_contiguous_and_writeable_and_shared_when_they_already_are(layout, shared):
+    """What every consumer of a batch's ids (``torch.from_numpy`` in the CPU fallback,
+    a row source's fetch, the CUDA id staging) relies on; a copy only when needed."""
+    given = layout(torch.randperm(N))
+    array = host_ids(given, N, "input_nodes")
+    assert array.flags.c_contiguous
+    assert array.flags.writeable
+    assert array.tolist() == given.tolist()
+    assert array.dtype == (np.int32 if given.dtype in (np.int32, torch.int32) else np.int64)
+    given_memory = given.numpy() if isinstance(given, torch.Tensor) else given
+    assert np.shares_memory(array, given_memory) == shared
+
+
+def _dense_copy(ids: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A contiguous int64 copy of ``ids`` (a tensor, or an array of any strides)."""
+    if isinstance(ids, np.ndarray):
+        return torch.from_numpy(ids.copy()).long()  # .copy(): from_numpy refuses negative strides
+    return ids.contiguous().long()
+
+
 def test_non_contiguous_and_int32_ids_are_gathered_correctly():
     """Strided or narrow ids are valid input, not an error."""
     base = torch.randperm(N)
@@ -105,10 +140,7 @@ def test_non_contiguous_and_int32_ids_are_gathered_correctly():
         (base.numpy()[::-1], base.numpy()[:3], {"seq": 2}),  # a negative stride
     ]
     features, labels = make_table(), make_table(N, (), torch.int64)
-    dense = [
-        (torch.as_tensor(np.array(t[0])).long(), torch.as_tensor(np.array(t[1])).long(), t[2])
-        for t in triples
-    ]
+    dense = [(_dense_copy(t[0]), _dense_copy(t[1]), t[2]) for t in triples]
     expected = Expected(features, labels, dense)
     for device in ("cpu", fake(seed=2)):
         with PingPongLoader(triples, features, labels, device=device) as loader:

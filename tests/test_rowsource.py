@@ -70,6 +70,40 @@ def test_row_source_features_and_labels_are_bit_identical(device_kind):
     assert (verifier.checked, verifier.corrupted) == (24, 0)
 
 
+def ids_of_every_layout() -> list[tuple[Any, Any, dict[str, int]]]:
+    """Triples whose ids come in the layouts users hand over: a reversed NumPy view
+    (negative stride, which ``torch.from_numpy`` refuses), a read-only array (which
+    it warns about), a strided tensor view, int32 -- inputs and outputs alike."""
+    base = torch.randperm(N, generator=torch.Generator().manual_seed(3))
+    frozen = base.numpy()[:40].copy()
+    frozen.flags.writeable = False
+    return [
+        (base.numpy()[::-1][:50], base.numpy()[200:180:-1], {"seq": 0}),
+        (frozen, frozen[:9], {"seq": 1}),
+        (base[::3], base[1::7][:16], {"seq": 2}),
+        (base.to(torch.int32).numpy()[::-2], base.to(torch.int32)[:5], {"seq": 3}),
+    ]
+
+
+def dense_ids(ids: Any) -> torch.Tensor:
+    """``ids`` as a contiguous int64 tensor (a copy; any layout)."""
+    return torch.tensor(ids.tolist(), dtype=torch.int64)
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake", *CUDA_MODE_KINDS])
+def test_row_sources_take_ids_of_every_layout(device_kind):
+    triples = ids_of_every_layout()
+    features, labels = make_table(N, (5,)), make_table(N, (), torch.int64)
+    dense = [(dense_ids(i), dense_ids(o), b) for i, o, b in triples]
+    where = loader_device(device_kind, seed=5)
+    verifier = Verifier(where["device"], Expected(features, labels, dense))
+    with PingPongLoader(triples, Rows(features), Rows(labels), **where) as loader:
+        for batch in loader:
+            verifier.submit(batch)
+        verifier.resolve()
+    assert (verifier.checked, verifier.corrupted) == (4, 0)
+
+
 def test_row_sources_mix_with_host_tables_in_a_dict():
     triples = seq_triples(N, 6)
     host, remote = make_table(N, (3,)), make_table(N, (2,), torch.float64)
@@ -93,6 +127,33 @@ def test_heterogeneous_row_sources():
     assert torch.equal(batch.x["paper"], features["paper"][:10])
     assert torch.equal(batch.x["author"], features["author"][:5])
     assert torch.equal(batch.y["paper"], labels["paper"][:3])
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", *CUDA_MODE_KINDS])
+def test_a_node_type_absent_from_a_batch_is_not_fetched(device_kind):
+    """DGL leaves out of a batch the node types it did not sample: their row sources
+    are not asked for zero rows (for a DistTensor: no round trip for nothing).  On CUDA
+    the empty ids also go through the id staging.  (Not on the fake device: its
+    batches are read through the Verifier, which takes one id tensor per batch.)"""
+    features = {"paper": make_table(50, (4,)), "author": make_table(30, (2,))}
+    labels = {"paper": make_table(50, (), torch.int64), "author": make_table(30, (), torch.int64)}
+    items = [({"paper": torch.arange(10)}, {"paper": torch.arange(3)}, None),
+             ({"paper": torch.arange(4), "author": torch.arange(7)}, {"author": torch.arange(2)},
+              None)]
+    x_sources = {k: Rows(v) for k, v in features.items()}
+    y_sources = {k: Rows(v) for k, v in labels.items()}
+    with PingPongLoader(items, x_sources, y_sources, heterogeneous=True,
+                        **loader_device(device_kind, seed=2)) as loader:
+        batches = [({k: v.cpu() for k, v in batch.x.items()},
+                    {k: v.cpu() for k, v in batch.y.items()}) for batch in loader]
+    for (x, y), (inputs, outputs, _) in zip(batches, items, strict=True):
+        for ntype in features:
+            want = inputs.get(ntype, torch.empty(0, dtype=torch.int64))
+            assert torch.equal(x[ntype], features[ntype][want])
+            want = outputs.get(ntype, torch.empty(0, dtype=torch.int64))
+            assert torch.equal(y[ntype], labels[ntype][want])
+    assert [x_sources[k].fetches for k in features] == [[10, 4], [7]]
+    assert [y_sources[k].fetches for k in labels] == [[3], [2]]
 
 
 def test_bad_ids_are_refused_before_any_fetch():

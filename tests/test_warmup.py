@@ -359,20 +359,23 @@ def test_cuda_warm_up_compiles_what_the_gather_launches(row_bytes):
         pinned.release()
 
 
-def test_fallback_takes_read_only_and_empty_ids(monkeypatch):
+def test_fallback_takes_read_only_reversed_and_empty_ids(monkeypatch):
     gate = _Gate()
     monkeypatch.setattr(cpu_device, "warm_up_cpu", gate)
     monkeypatch.setattr(cpu_kernels, "_ready", set())
     features = torch.randn(50, 6)
     frozen = np.array([4, 0, 49])
     frozen.flags.writeable = False  # e.g. ids a source hands out read-only
-    triples = [(frozen, np.array([1]), []), (np.empty(0, np.int64), np.empty(0, np.int64), [])]
+    reversed_ids = np.arange(50)[::-3]  # a negative stride (torch.from_numpy refuses it)
+    triples = [(frozen, np.array([1]), []), (reversed_ids, np.array([2]), []),
+               (np.empty(0, np.int64), np.empty(0, np.int64), [])]
     with pingpong.PingPongLoader(triples, features, device="cpu") as loader:
         assert gate.started.wait(5)
         batches = [batch.x.clone() for batch in loader]
         assert not loader._device.warm_up.done.is_set()  # all gathered by the fallback
-    assert torch.equal(batches[0], features[torch.from_numpy(frozen.copy())])
-    assert batches[1].shape == (0, 6)
+    assert torch.equal(batches[0], features[torch.tensor([4, 0, 49])])
+    assert torch.equal(batches[1], features[torch.tensor(reversed_ids.tolist())])
+    assert batches[2].shape == (0, 6)
 
 
 def test_close_waits_at_most_a_bounded_time_for_a_step_in_progress(monkeypatch):
