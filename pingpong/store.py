@@ -8,6 +8,7 @@ dtype (bfloat16 included) is gathered bit-exactly by the same code.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,7 +76,17 @@ def make_table(value: Any, name: str) -> Table:
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:
     if isinstance(value, np.ndarray):
-        value = torch.from_numpy(value)
+        if not value.flags.c_contiguous:  # torch.from_numpy refuses negative strides
+            raise TableError(
+                f"{name} is not contiguous (strides {value.strides}); pass "
+                f"np.ascontiguousarray({name}) -- pingpong does not copy tables implicitly"
+            )
+        with warnings.catch_warnings():
+            # A read-only array (np.load(..., mmap_mode="r")) is a valid table:
+            # pingpong only ever reads a table, which is what torch warns about.
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable",
+                                    UserWarning)
+            value = torch.from_numpy(value)
     if not isinstance(value, torch.Tensor):
         raise TableError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return value

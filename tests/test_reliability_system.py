@@ -7,6 +7,8 @@ Item 12 (kernels under the Numba CUDA simulator) is tests/test_kernels_cudasim.p
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 
@@ -151,10 +153,36 @@ def test_non_contiguous_and_int32_ids_are_gathered_correctly():
         assert (verifier.checked, verifier.corrupted) == (3, 0)
 
 
+_READ_ONLY_TABLE_CHILD = """
+import sys, warnings
+import numpy as np, torch
+from pingpong import PingPongLoader
+warnings.simplefilter("error")  # torch warns once per process: so a fresh one
+table = np.load(sys.argv[1], mmap_mode="r")
+ids = torch.tensor([7, 0, 3])
+with PingPongLoader([(ids, ids[:1], None)], table) as loader:
+    batch = next(iter(loader))
+    assert torch.equal(batch.x, torch.from_numpy(np.array(table[ids.numpy()])))
+print("ok")
+"""
+
+
+def test_a_read_only_memory_mapped_table_is_read_without_a_warning(tmp_path):
+    """``np.load(path, mmap_mode="r")`` -- how large feature files are opened -- is a
+    table like any other: pingpong only reads it (torch warns on read-only arrays)."""
+    path = tmp_path / "features.npy"
+    np.save(path, np.arange(40, dtype=np.float32).reshape(10, 4))
+    child = subprocess.run([sys.executable, "-c", _READ_ONLY_TABLE_CHILD, str(path)],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == "ok"
+
+
 @pytest.mark.parametrize(
     ("features", "labels", "needle"),
     [
         (np.asfortranarray(np.ones((N, 4), np.float32)), None, "not contiguous"),
+        (np.ones((N, 4), np.float32)[::-1], None, "not contiguous.*ascontiguousarray"),
         ({"a": torch.randn(N, 2), "b": torch.randn(4, N).t()}, None, "not contiguous"),
         (torch.empty(N, 4, device="meta"), None, "host memory"),
         (torch.randn(N, 4), torch.tensor(3), "0-D"),
@@ -164,6 +192,7 @@ def test_non_contiguous_and_int32_ids_are_gathered_correctly():
     ],
     ids=[
         "fortran-numpy",
+        "reversed-numpy",
         "dict-member-strided",
         "meta",
         "labels-0d",
