@@ -50,9 +50,11 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
         )
     else:
         raise IdTypeError(f"{name} must be a torch.Tensor or numpy array, got {type(ids).__name__}")
-    check_id_range(array, num_rows, name)
     if not (array.flags.c_contiguous and array.flags.writeable):
-        array = np.array(array, order="C")  # a copy, which is both
+        # A copy, which is both -- before the range check, whose Numba kernel the
+        # warm-up compiled for such arrays only (no compilation while a batch waits).
+        array = np.array(array, order="C")
+    check_id_range(array, num_rows, name)
     return array
 
 

@@ -225,10 +225,11 @@ class RemoteTable:
     def fetch_split(self, ids: np.ndarray, read_local: bool) -> FetchedRows:
         """The batch's rows at ``ids`` (validated): with ``read_local`` and a
         local part, only the others are fetched (see :class:`FetchedRows`).
+        No ids: neither the source nor its policy is called.
 
         Raises what :meth:`fetch` and :meth:`LocalPart.locate` raise.
         """
-        if not read_local or self.local is None:
+        if not read_local or self.local is None or len(ids) == 0:
             return FetchedRows(self.fetch(ids), None, _NO_ROWS, _NO_ROWS)
         ids = np.asarray(ids, dtype=np.int64)
         local_positions, local_rows, positions = self.local.locate(ids)

@@ -81,12 +81,17 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
                 f"{name} is not contiguous (strides {value.strides}); pass "
                 f"np.ascontiguousarray({name}) -- pingpong does not copy tables implicitly"
             )
-        with warnings.catch_warnings():
+        if value.flags.writeable:
+            value = torch.from_numpy(value)
+        else:
             # A read-only array (np.load(..., mmap_mode="r")) is a valid table:
             # pingpong only ever reads a table, which is what torch warns about.
-            warnings.filterwarnings("ignore", "The given NumPy array is not writable",
-                                    UserWarning)
-            value = torch.from_numpy(value)
+            # (catch_warnings swaps the process's warning filters: not thread-safe
+            # before Python 3.14, hence only here, once per read-only table.)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "The given NumPy array is not writable",
+                                        UserWarning)
+                value = torch.from_numpy(value)
     if not isinstance(value, torch.Tensor):
         raise TableError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return value

@@ -104,6 +104,28 @@ def test_csr_from_edges_matches_brute_force() -> None:
     assert graph.num_edges == 200
 
 
+def test_numpy_inputs_of_any_layout_are_taken() -> None:
+    """Reversed views and read-only arrays (``np.load(..., mmap_mode="r")``) for the
+    edges and the seeds: the same graph and batches as from contiguous copies."""
+    rng = np.random.default_rng(5)
+    src, dst = rng.integers(0, 30, 200), rng.integers(0, 30, 200)
+    frozen_src, frozen_dst = src.copy(), dst.copy()
+    frozen_src.flags.writeable = frozen_dst.flags.writeable = False
+    graph = CSRGraph.from_edges(frozen_src, frozen_dst, 30)
+    same = CSRGraph.from_edges(src, dst, 30)
+    assert torch.equal(graph.indptr, same.indptr)
+    assert torch.equal(graph.indices, same.indices)
+    reversed_graph = CSRGraph.from_edges(src[::-1], dst[::-1], 30)
+    assert torch.equal(reversed_graph.indices,
+                       CSRGraph.from_edges(src[::-1].copy(), dst[::-1].copy(), 30).indices)
+    seeds = np.arange(30)[::-1]
+    loader = BuiltinLoader(graph, seeds, NeighborSampler([3]), 8, seed=1)
+    copied = BuiltinLoader(graph, seeds.copy(), NeighborSampler([3]), 8, seed=1)
+    for (i, o, _), (ci, co, _) in zip(loader, copied, strict=True):
+        assert torch.equal(i, ci)
+        assert torch.equal(o, co)
+
+
 def test_csr_validation() -> None:
     with pytest.raises(IndexError):
         CSRGraph.from_edges([0, 5], [1, 2], 5)

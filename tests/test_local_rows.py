@@ -49,8 +49,10 @@ class RangePolicy:
         self.bounds = torch.tensor(bounds)
         self.part_id = part_id
         self.to_local_shift = 0  # a broken policy for the tests: shifts local rows
+        self.partid_sizes: list[int] = []  # how many ids each to_partid call got
 
     def to_partid(self, ids: torch.Tensor) -> torch.Tensor:
+        self.partid_sizes.append(len(ids))
         return torch.searchsorted(self.bounds, ids, right=True) - 1
 
     def to_local(self, ids: torch.Tensor) -> torch.Tensor:
@@ -314,6 +316,8 @@ def test_heterogeneous_partitioned_row_sources_and_a_type_without_ids():
         assert loader.stats["rows_read_in_place"] == 2 + 1 + 1  # papers 5, 0, 7; author 200
     assert [ids.tolist() for ids in sources["paper"].asked] == [[160, 399], [151]]
     assert [ids.tolist() for ids in sources["author"].asked] == [[300]]
+    # nor is the policy asked about the batch without authors
+    assert [s.part_policy.partid_sizes for s in sources.values()] == [[4, 2], [2]]
 
 
 def test_a_policy_whose_to_partid_has_another_shape_is_refused():

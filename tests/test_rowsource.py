@@ -132,9 +132,9 @@ def test_heterogeneous_row_sources():
 @pytest.mark.parametrize("device_kind", ["cpu", *CUDA_MODE_KINDS])
 def test_a_node_type_absent_from_a_batch_is_not_fetched(device_kind):
     """DGL leaves out of a batch the node types it did not sample: their row sources
-    are not asked for zero rows (for a DistTensor: no round trip for nothing).  On CUDA
-    the empty ids also go through the id staging.  (Not on the fake device: its
-    batches are read through the Verifier, which takes one id tensor per batch.)"""
+    are not asked for zero rows (for a DistTensor: no round trip for nothing).  (Not on
+    the fake device: its batches are read through the Verifier, which takes one id
+    tensor per batch.)"""
     features = {"paper": make_table(50, (4,)), "author": make_table(30, (2,))}
     labels = {"paper": make_table(50, (), torch.int64), "author": make_table(30, (), torch.int64)}
     items = [({"paper": torch.arange(10)}, {"paper": torch.arange(3)}, None),

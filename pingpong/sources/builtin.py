@@ -54,7 +54,8 @@ _FLOYD_MAX_FANOUT = 64
 def _as_int64_vector(values: Any, name: str) -> torch.Tensor:
     """``values`` as a contiguous 1-D int64 CPU tensor (copied only if needed)."""
     if isinstance(values, np.ndarray):
-        values = torch.from_numpy(values)
+        # torch.from_numpy refuses negative strides and warns on read-only arrays
+        values = torch.from_numpy(np.require(values, requirements=("C", "W")))
     elif not isinstance(values, torch.Tensor):
         values = torch.as_tensor(values)
     if values.dim() != 1:
