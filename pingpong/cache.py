@@ -104,10 +104,7 @@ class FeatureCache:
         with self.lock:
             if self.slot_of is None:
                 if self.counter is not None:
-                    array = np.asarray(ids)
-                    # torch.from_numpy warns on read-only arrays; a copy is cheap here.
-                    self.counter.add(torch.from_numpy(array if array.flags.writeable
-                                                      else array.copy()))
+                    self.counter.add(torch.from_numpy(ids))  # host_ids: writeable, contiguous
                 return {}
             hits = int(np.count_nonzero(self.slot_of[ids] >= 0))
         return {

@@ -142,7 +142,7 @@ class LocalPart:
         """
         if self.id_range is not None:
             return self._locate_in_range(ids)
-        id_tensor = torch.from_numpy(ids if ids.flags.writeable else ids.copy())
+        id_tensor = torch.from_numpy(ids)  # a batch's ids: contiguous, writeable (host_ids)
         is_local = torch.as_tensor(self.policy.to_partid(id_tensor)) == self.part_id
         if is_local.shape != id_tensor.shape:
             raise TableError(

@@ -27,6 +27,7 @@ from test_reliability import (
     make_table,
     seq_triples,
 )
+from test_rowsource import dense_ids
 
 import pingpong
 from pingpong import PingPongLoader
@@ -125,13 +126,6 @@ def test_host_ids_are_contiguous_and_writeable_and_shared_when_they_already_are(
     assert np.shares_memory(array, given_memory) == shared
 
 
-def _dense_copy(ids: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """A contiguous int64 copy of ``ids`` (a tensor, or an array of any strides)."""
-    if isinstance(ids, np.ndarray):
-        return torch.from_numpy(ids.copy()).long()  # .copy(): from_numpy refuses negative strides
-    return ids.contiguous().long()
-
-
 @pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 def test_non_contiguous_and_int32_ids_are_gathered_correctly(device_kind):
     """Strided or narrow ids are valid input, not an error (on CUDA: through the id
@@ -143,7 +137,7 @@ def test_non_contiguous_and_int32_ids_are_gathered_correctly(device_kind):
         (base.numpy()[::-1], base.numpy()[:3], {"seq": 2}),  # a negative stride
     ]
     features, labels = make_table(), make_table(N, (), torch.int64)
-    dense = [(_dense_copy(t[0]), _dense_copy(t[1]), t[2]) for t in triples]
+    dense = [(dense_ids(t[0]), dense_ids(t[1]), t[2]) for t in triples]
     expected = Expected(features, labels, dense)
     with PingPongLoader(triples, features, labels,
                         device=make_device(device_kind, seed=2)) as loader:

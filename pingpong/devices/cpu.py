@@ -142,7 +142,7 @@ class CPUDevice(Device):
         ):
             # This specialisation is still being loaded: the same bytes, without a JIT.
             if len(ids):
-                index = torch.from_numpy(ids if ids.flags.writeable else ids.copy())
+                index = torch.from_numpy(ids)  # contiguous and writeable (host_ids)
                 torch.index_select(byte_rows(table.tensor), 0, index, out=out_rows)
             return
         gather_rows_cpu_unchecked(table.byte_rows, ids, out_np)
