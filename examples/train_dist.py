@@ -59,7 +59,6 @@ import argparse
 import contextlib
 import ctypes
 import datetime
-import faulthandler
 import importlib.util
 import inspect
 import json
@@ -89,6 +88,7 @@ if str(EXAMPLES) not in sys.path:  # sage_model, also when imported by tests/ben
     sys.path.insert(0, str(EXAMPLES))
 
 from _args import fanout_list  # noqa: E402
+from _stacks import ANSWERED_DIR_ENV, answer_stack_requests, request_stacks  # noqa: E402
 from sage_model import SAGE  # noqa: E402
 
 import pingpong  # noqa: E402
@@ -334,6 +334,7 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.ip_config = self.workdir / "ip_config.txt"
+        self.answered_dir = self.workdir / "stacks-answered"  # see _stacks.request_stacks
         self.log_dir = self.log_dir or self.workdir
         if not 1 <= self.trainer_count <= self.num_parts:
             raise ValueError(f"num_trainers must be in [1, {self.num_parts}] (one host: at most "
@@ -350,6 +351,7 @@ class LocalCluster:
         taken: set[int] = set()
         ports = [free_port(taken) for _ in range(self.num_parts)]
         self.ip_config.write_text("".join(f"127.0.0.1 {port}\n" for port in ports))
+        self.answered_dir.mkdir(exist_ok=True)
         common = {
             **os.environ, **self.env,
             "DGL_NUM_SAMPLER": str(self.num_samplers),
@@ -361,6 +363,7 @@ class LocalCluster:
             "DGL_GRAPH_FORMAT": self.graph_format,
             ONE_HOST_ENV: self.token,
             LAUNCHER_PID_ENV: str(os.getpid()),
+            ANSWERED_DIR_ENV: str(self.answered_dir),
             "PYTHONUNBUFFERED": "1",
         }
         for key in ("DGL_DIST_MODE", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
@@ -465,22 +468,23 @@ class LocalCluster:
             time.sleep(0.05)
         return True
 
-    def dump_stacks(self, log: Callable[[str], None] = print, settle_s: float = 0.5) -> None:
-        """Ask every process still running for its threads' Python stacks.
+    def dump_stacks(self, log: Callable[[str], None] = print, answer_s: float = 5.0) -> None:
+        """Ask every process still running for its threads' Python stacks, one at a time.
 
-        Each server and trainer answers SIGUSR1 by writing them to its stderr
-        (its log file with ``--log-dir``; see :func:`dump_stacks_on_request`):
-        a job that overran shows where each process was. A process still in
-        its first imports (a second or two after it started) is killed by the
+        Each server and trainer writes them to its stderr (its log file with
+        ``--log-dir``): a job that overran shows where each process was. See
+        :mod:`_stacks`: SIGUSR1 (a Python handler, safe while threads run),
+        then SIGUSR2 (faulthandler) for a process that did not answer within
+        ``answer_s`` (its main thread in native code). A process still in its
+        first imports (a second or two after it started) is killed by the
         signal instead -- the job is being stopped anyway.
         """
         for p in self.procs:
             if p.popen.poll() is None:
                 where = "" if p.log is None else f" (into {p.log.name})"
                 log(f"Python stacks of {p.name} (pid {p.popen.pid}), still running{where}:")
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.popen.pid, signal.SIGUSR1)
-                time.sleep(settle_s)  # one process's stacks at a time
+                request_stacks(p.popen.pid, self.answered_dir, answer_s=answer_s,
+                               alive=lambda p=p: p.popen.poll() is None, log=log)
 
     # -- stop ---------------------------------------------------------------
     def stop(self, grace: float = 5.0) -> None:
@@ -916,13 +920,6 @@ def leave_process_group(rank: int) -> None:
     note("left the gloo process group; DGL's exit hook runs at exit")
 
 
-def dump_stacks_on_request() -> None:
-    """In a server or trainer: on SIGUSR1, write every thread's Python stack to
-    stderr and go on (:meth:`LocalCluster.dump_stacks` asks before it stops a
-    job that overran)."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-
-
 def run_trainer(main: Callable[[], None]) -> None:
     """Run a trainer's ``main``; on any error print it and leave at once.
 
@@ -1031,7 +1028,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     role = os.environ.get("DGL_ROLE")
     if role is not None:
-        dump_stacks_on_request()
+        answer_stack_requests()  # the launcher's dump_stacks asks before a stop
     if role == "server":
         run_server()
         return 0
