@@ -594,6 +594,8 @@ def render(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     role = os.environ.get("DGL_ROLE")
+    if role is not None:
+        td.answer_stack_requests()  # the launcher asks for stacks before a stop
     if role == "server":
         td.run_server()
         return 0

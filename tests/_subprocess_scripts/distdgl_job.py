@@ -1196,7 +1196,7 @@ def main() -> int:
     mode, out, part_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     role = os.environ.get("DGL_ROLE")
     if role is not None:
-        td.dump_stacks_on_request()
+        td.answer_stack_requests()  # the launcher asks for stacks before a stop
     if role == "server":
         td.run_server()
         return 0
