@@ -414,8 +414,8 @@ def _sweep(
                 gather_rows_cuda_unchecked(table_zc, one, out_nb, stream)
             torch.cuda.synchronize()
 
-        fns = dict(zip(SWEEP_CONTENDERS, (as_given, gpu_sorted, sort_alone, presorted_gather),
-                       strict=True))
+        fns: dict[str, Callable[[], object]] = dict(zip(
+            SWEEP_CONTENDERS, (as_given, gpu_sorted, sort_alone, presorted_gather), strict=True))
         # the last call of each gather must hold table[ids[-1]]
         for name in ("zerocopy", "zerocopy gpu-sorted"):
             out_flat.zero_()

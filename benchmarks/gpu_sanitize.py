@@ -7,6 +7,8 @@ Exit status 0 and "sanitize workload ok" mean every batch matched the host.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 import pingpong
@@ -17,13 +19,15 @@ def main() -> None:
     n = 20_000
     features = torch.randn(n, 67)  # odd row width: unaligned rows
     labels = torch.randint(0, 10, (n,))
-    source = [(torch.randint(0, n, (3000,)), torch.randint(0, n, (64,)), []) for _ in range(6)]
+    source: list[tuple[torch.Tensor, torch.Tensor, list[Any]]] = [
+        (torch.randint(0, n, (3000,)), torch.randint(0, n, (64,)), []) for _ in range(6)]
     for mode in ("zerocopy", "staged", "device"):
         with pingpong.PingPongLoader(source, features, labels, device="cuda", gather=mode) as ld:
             for batch, (inputs, outputs, _b) in zip(ld, source, strict=True):
                 assert torch.equal(batch.x.cpu(), features[inputs]), mode
                 assert torch.equal(batch.y.cpu(), labels[outputs]), mode
-    bad = [(torch.tensor([0, n]), torch.tensor([0]), [])]
+    bad: list[tuple[torch.Tensor, torch.Tensor, list[Any]]] = [
+        (torch.tensor([0, n]), torch.tensor([0]), [])]
     with pingpong.PingPongLoader(bad, features, labels, device="cuda") as ld:
         try:
             list(ld)

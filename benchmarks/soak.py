@@ -34,6 +34,7 @@ Exit status 0 when every check passed, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import math
@@ -45,14 +46,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import psutil
 import torch
 
 import pingpong
-from pingpong import PingPongLoader
+from pingpong import Batch, PingPongLoader
 from pingpong.devices.fake import FakeAsyncDevice, tensor_digest
 from pingpong.errors import EpochSupersededError, SlotOverwriteError
 
@@ -63,6 +64,12 @@ POOL = 512  # distinct batches; epochs draw from them
 
 # --------------------------------------------------------------------------- data
 digest = tensor_digest  # the shared batch hash
+
+
+def batch_digests(batch: Batch) -> tuple[bytes, bytes]:
+    """Digests of a batch's features and labels (on the fake device: when it runs them).
+    The soak's tables are single tensors, never dicts."""
+    return digest(cast(torch.Tensor, batch.x)), digest(cast("torch.Tensor | None", batch.y))
 
 
 def make_data(seed: int) -> tuple[torch.Tensor, torch.Tensor, list[tuple[Any, Any]], list[Any]]:
@@ -297,10 +304,10 @@ def run_epoch(
             seen.add(seq)
             expected = max(expected, seq + 1)
             item = batch.blocks["item"]
-            first = device.consumer_submit(lambda b=batch: (digest(b.x), digest(b.y)))
+            first = device.consumer_submit(functools.partial(batch_digests, batch))
             if model_sleep:
                 device.consumer_submit(lambda: time.sleep(model_sleep))
-            second = device.consumer_submit(lambda b=batch: (digest(b.x), digest(b.y)))
+            second = device.consumer_submit(functools.partial(batch_digests, batch))
             futures.append((item, first, second))
             if plan.fault == "consumer" and seq == plan.fault_at:
                 tally.consumer_faults += 1
@@ -333,7 +340,7 @@ def run_epoch(
         tally.overwrite_detections += 1
     except ModelError:
         start = time.monotonic()
-        it = None  # what leaving a `for` loop by an exception does
+        it = None  # type: ignore[assignment]  # what leaving a `for` loop by an exception does
         tally.shutdown("consumer-error", start_to_dead(start, producer))
     except BaseException as exc:  # noqa: BLE001 - classified below
         caught, caught_at = exc, time.monotonic()
@@ -565,7 +572,7 @@ def bad_input_phase() -> dict[str, Any]:
         except pingpong.TableError as exc:
             ok, detail = True, str(exc)[:60]
         results.append({"input": f"table {name}", "refused_before_read": ok, "detail": detail})
-    refused = sum(r["refused_before_read"] for r in results)
+    refused = sum(1 for r in results if r["refused_before_read"])
     return {"cases": results, "refused_pct": 100.0 * refused / len(results)}
 
 

@@ -300,6 +300,9 @@ class Proc:
     def name(self) -> str:
         return f"{self.role} {self.index}"
 
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
 
 @dataclass
 class LocalCluster:
@@ -484,7 +487,7 @@ class LocalCluster:
                 where = "" if p.log is None else f" (into {p.log.name})"
                 log(f"Python stacks of {p.name} (pid {p.popen.pid}), still running{where}:")
                 request_stacks(p.popen.pid, self.answered_dir, answer_s=answer_s,
-                               alive=lambda p=p: p.popen.poll() is None, log=log)
+                               alive=p.running, log=log)
 
     # -- stop ---------------------------------------------------------------
     def stop(self, grace: float = 5.0) -> None:

@@ -558,7 +558,7 @@ def params_digest(model: torch.nn.Module) -> str:
     """SHA-256 over the model's parameters, bit for bit."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+        h.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -569,7 +569,8 @@ def grads_digest(model: torch.nn.Module) -> str:
         if p.grad is None:
             h.update(b"none")
         else:
-            h.update(p.grad.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+            h.update(p.grad.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+                     .numpy().tobytes())
     return h.hexdigest()
 
 

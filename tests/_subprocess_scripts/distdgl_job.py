@@ -196,8 +196,8 @@ def local_count(table: Any, ids: torch.Tensor) -> int:
 
 def local_id_ranges(loader: pingpong.PingPongLoader) -> dict[str, Any]:
     """Each table's local id range as pingpong found it (None: none, or no local part)."""
-    return {table.name: None if table.local is None else table.local.id_range
-            for table in loader._store.all_tables}
+    return {table.name: None if (local := getattr(table, "local", None)) is None
+            else local.id_range for table in loader._store.all_tables}
 
 
 # --------------------------------------------------------------------------- trainers
@@ -271,7 +271,7 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
                 "seeds_are_train_share": bool(torch.equal(seeds, tr.train_nids.sort().values)),
             })
         stats = {k: float(v) for k, v in loader.stats.items() if isinstance(v, int | float)}
-        id_ranges = [None if t.local is None else t.local.id_range
+        id_ranges = [None if (local := getattr(t, "local", None)) is None else local.id_range
                      for t in loader._store.all_tables]
     # The local ids by the policy itself, id by id (what the id ranges must equal).
     policy = feat.part_policy

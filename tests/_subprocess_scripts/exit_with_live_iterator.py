@@ -103,7 +103,7 @@ def main() -> None:
         it = iter(loader)
         for _ in range(3):
             batch = next(it)
-            device.consumer_submit(lambda b=batch: b.x.sum())
+            device.consumer_submit(batch.x.sum)
     elif scenario in ("sys-exit", "exception"):
         loader = PingPongLoader(small_batches(), features, labels)
         for i, _batch in enumerate(loader):
