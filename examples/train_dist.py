@@ -301,6 +301,7 @@ class Proc:
         return f"{self.role} {self.index}"
 
     def running(self) -> bool:
+        """Whether the process has not exited yet (reaps it if it has)."""
         return self.popen.poll() is None
 
 
@@ -465,7 +466,7 @@ class LocalCluster:
         shutdown: DGL's handler then calls ``exit(1)``, which can hang.
         """
         end = time.monotonic() + timeout
-        while any(p.popen.poll() is None for p in self.servers):
+        while any(p.running() for p in self.servers):
             if time.monotonic() >= end:
                 return False
             time.sleep(0.05)
@@ -483,7 +484,7 @@ class LocalCluster:
         signal instead -- the job is being stopped anyway.
         """
         for p in self.procs:
-            if p.popen.poll() is None:
+            if p.running():
                 where = "" if p.log is None else f" (into {p.log.name})"
                 log(f"Python stacks of {p.name} (pid {p.popen.pid}), still running{where}:")
                 request_stacks(p.popen.pid, self.answered_dir, answer_s=answer_s,
@@ -493,11 +494,11 @@ class LocalCluster:
     def stop(self, grace: float = 5.0) -> None:
         """Kill every process group this cluster started; idempotent."""
         for p in self.procs:
-            if p.popen.poll() is None:
+            if p.running():
                 _signal_group(p.popen.pid, signal.SIGCONT)  # a stopped process cannot exit
                 _signal_group(p.popen.pid, signal.SIGTERM)
         end = time.monotonic() + grace
-        while any(p.popen.poll() is None for p in self.procs) and time.monotonic() < end:
+        while any(p.running() for p in self.procs) and time.monotonic() < end:
             time.sleep(0.05)
         for p in self.procs:  # the leader may be gone while others of its group live
             _signal_group(p.popen.pid, signal.SIGKILL)
