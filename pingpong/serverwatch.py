@@ -50,7 +50,7 @@ import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 
@@ -77,6 +77,9 @@ class Server:
     port: int
 
 
+_Watch = TypeVar("_Watch", bound="ServerWatch")
+
+
 class ServerWatch:
     """The TCP state of this process's connections to a set of servers.
 
@@ -94,7 +97,7 @@ class ServerWatch:
         self._closed = False
 
     @classmethod
-    def of_connections(cls, servers: Iterable[Server]) -> ServerWatch:
+    def of_connections(cls: type[_Watch], servers: Iterable[Server]) -> _Watch:
         """Watch every ESTABLISHED TCP connection of this process to one of ``servers``.
 
         Raises ``ConnectionError`` naming a server this process has no

@@ -9,9 +9,14 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    import pingpong
+    from pingpong.kernels._warmup import WarmUpThread
 
 
 def pingpong_threads() -> list[threading.Thread]:
@@ -49,6 +54,16 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(as_bytes(a), as_bytes(b))
+
+
+def warm_up_of(loader: pingpong.PingPongLoader) -> WarmUpThread:
+    """The warm-up a CPU loader's device started (it must have started one)."""
+    from pingpong.devices.cpu import CPUDevice
+
+    device = loader._device
+    assert isinstance(device, CPUDevice)
+    assert device.warm_up is not None
+    return device.warm_up
 
 
 def make_triples(

@@ -7,6 +7,7 @@ bit for bit with ``features[input_nodes]`` on the host.
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import pytest
 import torch
@@ -266,6 +267,7 @@ def test_custom_form_on_gpu():
                         device="cuda") as loader:
         for batch, item in zip(loader, items, strict=True):
             assert isinstance(batch, pingpong.CustomBatch)
+            assert isinstance(batch.x, torch.Tensor)
             assert _host_equal(batch.x, features[item["nodes"]])
 
 
@@ -278,7 +280,7 @@ def test_zerocopy_with_a_hot_row_cache_is_bit_identical(how, dtype, row_shape):
     features = (torch.randn((N, *row_shape)) * 50).to(dtype)
     source = make_triples(N, 10, max_inputs=3000)
     row_bytes = features[0].numel() * features.element_size()
-    extra = {"hot_ids": torch.arange(0, N, 3)} if how == "hot_ids" else {}
+    extra: dict[str, Any] = {"hot_ids": torch.arange(0, N, 3)} if how == "hot_ids" else {}
     with PingPongLoader(source, features, device="cuda", gather="zerocopy",
                         cache_bytes=400 * row_bytes, **extra) as loader:
         for _ in range(3):

@@ -150,7 +150,7 @@ def test_one_shot_iterator_source_is_refused():
     with pytest.raises(TypeError, match="one-shot iterator"):
         PingPongLoader(iter(make_triples(N, 2)), torch.randn(N, 2))
     with pytest.raises(TypeError, match="iterable"):
-        PingPongLoader(42, torch.randn(N, 2))
+        PingPongLoader(42, torch.randn(N, 2))  # type: ignore[arg-type]
 
 
 def test_malformed_source_item():

@@ -254,6 +254,7 @@ def test_mean_aggregate_matches_gather_scatter(model_module: Any) -> None:
         (out.double() * torch.arange(8.0, dtype=torch.float64)).sum().backward()
         ref_grad = torch.zeros(50, 8, dtype=torch.float64).index_add_(
             0, src, (torch.arange(8.0, dtype=torch.float64) / deg[dst, None]).expand(300, 8))
+        assert h_in.grad is not None
         assert torch.allclose(h_in.grad.double(), ref_grad, atol=tol * 10), dtype
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import threading
@@ -113,7 +114,7 @@ def test_stream_errors_surface_at_the_next_enqueue(device):
 def test_consumer_submit_returns_results_and_errors(device):
     assert device.consumer_submit(lambda: 41 + 1).result() == 42
     with pytest.raises(KeyError):
-        device.consumer_submit(lambda: {}["missing"]).result()
+        device.consumer_submit(lambda: dict[str, int]()["missing"]).result()
 
 
 def test_injected_fault_raises_in_the_calling_thread(device):
@@ -142,7 +143,7 @@ def test_seeded_delays_are_reproducible():
 
 def test_close_drains_queued_work_then_stops():
     dev = FakeAsyncDevice(max_delay_s=0.5)
-    results = [dev.consumer_submit(lambda i=i: i) for i in range(20)]
+    results = [dev.consumer_submit(functools.partial(int, i)) for i in range(20)]
     start = time.monotonic()
     dev.close()  # runs what is queued without the delays
     assert time.monotonic() - start < 2

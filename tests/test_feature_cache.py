@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -59,7 +60,7 @@ def test_given_hot_ids_are_cached_before_the_first_batch(dtype, row_shape, share
     row_bytes = features[0].numel() * features.element_size()
     hot = torch.arange(N - 1, -1, -1)  # a deliberately poor choice: bytes stay exact
     cache_bytes = int(share * N * row_bytes)
-    kwargs = {"cache_bytes": cache_bytes, "hot_ids": hot} if cache_bytes else {}
+    kwargs: dict[str, Any] = {"cache_bytes": cache_bytes, "hot_ids": hot} if cache_bytes else {}
     device = _fake()
     with PingPongLoader(triples, features, device=device, **kwargs) as loader:
         assert _run_epoch(loader, triples, features) == len(triples)
@@ -90,7 +91,7 @@ def test_the_first_epoch_counts_and_the_second_serves_its_hottest_rows():
         it = iter(loader)  # the epoch boundary: the cache is built here, before any fill
         assert loader.stats["cache_rows"] == k
         it.close()  # its producer may have filled a batch or two: count from here
-        loader._device.synchronize()
+        device.synchronize()
         loader.reset_stats()
         hits_before = device.cache_hits
         assert _run_epoch(loader, triples, features) == len(triples)
@@ -128,15 +129,17 @@ def test_an_epoch_cut_short_still_teaches_the_cache():
 def test_labels_duplicates_and_empty_batches_are_exact_in_every_epoch():
     features = torch.randn(N, 5).to(torch.bfloat16)
     labels = torch.randint(0, 7, (N,))
-    triples = make_triples(N, 10, max_inputs=400)
+    triples: list[tuple[torch.Tensor, torch.Tensor, list[str] | None]] = list(
+        make_triples(N, 10, max_inputs=400))
     hot = triples[0][0][:5]
     triples.append((torch.cat([hot, hot, hot[:1]]), hot[:2], None))  # duplicate ids
     triples.append((torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64), None))
-    with PingPongLoader(triples, features, labels, device=_fake(),
+    device = _fake()
+    with PingPongLoader(triples, features, labels, device=device,
                         cache_bytes=N * 10 // 4) as loader:
         for _ in range(3):
             for batch, (inputs, outputs, _b) in zip(loader, triples, strict=True):
-                loader._device.synchronize()
+                device.synchronize()
                 assert same_bits(batch.x, features[inputs])
                 assert torch.equal(batch.y, labels[outputs])
 

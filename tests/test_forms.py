@@ -99,10 +99,11 @@ def test_edge_prediction_with_edge_labels(device_kind, negatives):
 
     def check(batch: Any) -> torch.Tensor:
         assert type(batch) is want_type
-        if negatives:
+        if isinstance(batch, pingpong.NegativeEdgeBatch):
             input_nodes, pair_graph, neg_pair_graph, blocks, x, y = batch
             assert neg_pair_graph.num_edges() == 2 * pair_graph.num_edges()
         else:
+            assert isinstance(batch, pingpong.EdgeBatch)
             input_nodes, pair_graph, blocks, x, y = batch
         assert len(blocks) == 2
         edge_ids = pair_graph.edata[dgl.EID]
@@ -149,6 +150,7 @@ def test_heterogeneous_edge_prediction():
             seen = []
             for batch in loader:
                 assert isinstance(batch, pingpong.NegativeEdgeBatch)
+                assert isinstance(batch.x, dict)
                 for ntype, table in features.items():
                     assert torch.equal(batch.x[ntype], table[batch.input_nodes[ntype]])
                 seen.append(batch.pair_graph.edges[("user", "clicks", "item")].data[dgl.EID])
@@ -230,11 +232,14 @@ def test_custom_form_callable():
         for batch, item in zip(loader, items, strict=True):
             assert type(batch) is pingpong.CustomBatch
             got_item, x, y = batch
+            assert isinstance(x, torch.Tensor)
+            assert isinstance(y, torch.Tensor)
             assert got_item is item
             assert torch.equal(x, FEATURES[item["nodes"]])
             assert torch.equal(y, LABELS[item["seeds"]])
             kept = batch.clone()
             assert type(kept) is pingpong.CustomBatch
+            assert isinstance(kept.x, torch.Tensor)
             assert torch.equal(kept.x, x)
 
 
@@ -396,7 +401,7 @@ def test_graphbolt_2_2_field_names(device_kind):
 
 def test_graph_ids_as_numpy_work_too():
     """Forms accept NumPy ids as the node triple always did."""
-    items = [(np.arange(5), np.arange(2), [])]
+    items: list[tuple[np.ndarray, np.ndarray, list]] = [(np.arange(5), np.arange(2), [])]
     with PingPongLoader(items, FEATURES, LABELS) as loader:
         batch = next(iter(loader))
     assert torch.equal(batch.x, FEATURES[:5])

@@ -265,7 +265,9 @@ def test_the_cuda_gather_report_renders(tmp_path):
     assert "## 4 GiB table, thp pages" in text
     assert "## Sort sweep: 4 GiB table, normal pages, 512 B rows" in text
     assert "13 (10%)" in text  # the SMs the default grid occupied
-    assert "gpu-sorted" in gather.render_headline(report)
+    headline = gather.render_headline(report)
+    assert headline is not None
+    assert "gpu-sorted" in headline
     path = tmp_path / "gather-cuda.json"
     path.write_text(json.dumps(report))
     assert gather.main(["--from-json", str(path), "--formats", "md"]) == 0

@@ -198,7 +198,8 @@ def test_typed_tables_may_differ_in_rows_and_a_label_type_may_lack_features() ->
 
 def test_a_type_missing_from_the_ids_gets_no_rows() -> None:
     features, labels = tables()
-    source = [({"paper": torch.tensor([4, 2])}, {}, None)]  # no "author" ids, no outputs
+    source: list[tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], None]] = [
+        ({"paper": torch.tensor([4, 2])}, {}, None)]  # no "author" ids, no outputs
     with PingPongLoader(source, features, labels, heterogeneous=True) as loader:
         (batch,) = list(loader)
         assert batch.x["author"].shape == (0, 3, 5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 import torch
@@ -110,7 +111,8 @@ def test_rows_within_a_budget() -> None:
     assert rows_within(100 * 512, 512, 10) == 10  # never more than the table
     assert rows_within(511, 512, 10) == 0
     assert rows_within(0, 0, 7) == 7  # zero-width rows: everything fits
-    for bad in (-1, 1.5, True):
+    bad_budgets: tuple[Any, ...] = (-1, 1.5, True)
+    for bad in bad_budgets:
         with pytest.raises(ConfigError):
             rows_within(bad, 512, 10)
     with pytest.raises(ConfigError):

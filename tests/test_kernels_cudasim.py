@@ -21,6 +21,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ def bfloat16_bits(values: np.ndarray, dtype: type = np.uint16) -> np.ndarray:
     return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(dtype)
 
 
-def device_at(host: np.ndarray, offset: int) -> object:
+def device_at(host: np.ndarray, offset: int) -> Any:
     """A device copy of C-contiguous ``host`` whose address is ``offset`` mod 128."""
     nbytes = host.nbytes
     buf = cuda.device_array(nbytes + 256, dtype=np.uint8)
@@ -106,13 +107,13 @@ def host_at(host: np.ndarray, offset: int) -> np.ndarray:
     return placed
 
 
-def sentinel_out(rows: int, width: int, dtype: type) -> object:
+def sentinel_out(rows: int, width: int, dtype: type) -> Any:
     """A device ``out`` filled with SENTINEL bytes."""
     host = np.full(rows * width * np.dtype(dtype).itemsize, SENTINEL, dtype=np.uint8)
     return cuda.to_device(host.view(dtype).reshape(rows, width))
 
 
-def to_host(arr: object) -> np.ndarray:
+def to_host(arr: Any) -> np.ndarray:
     return arr if isinstance(arr, np.ndarray) else arr.copy_to_host()
 
 
@@ -354,7 +355,7 @@ class _WarnsLikeNumba:
     (numba-cuda 0.30) and when it runs (other versions) -- recording the switch's
     values at each stage. The simulator's own launches never warn."""
 
-    def __init__(self, kernel: object, seen: list[tuple[str, list[object]]]) -> None:
+    def __init__(self, kernel: Any, seen: list[tuple[str, list[object]]]) -> None:
         self.kernel = kernel
         self.seen = seen
 
@@ -481,7 +482,7 @@ def test_numpy_arrays_in_simulator(id_dtype: type) -> None:
         (np.uint16, 4),
     ):
         table = host_at(random_rows(rng, 20, width, dtype), 3)  # unaligned host table
-        ids = rng.integers(0, 20, size=12).astype(id_dtype)
+        ids: np.ndarray = rng.integers(0, 20, size=12).astype(id_dtype)
         out = np.full((12, width), 7, dtype=dtype)
         kc.gather_rows_cuda(table, ids, out)
         assert_same_bytes(out, table[ids], f"dtype={np.dtype(dtype)} width={width}")
@@ -589,7 +590,7 @@ def test_bad_device_id_arrays_raise_before_launch(no_gather_launch: None) -> Non
     assert_all_sentinel(out)
 
 
-def _bad_out(case: str) -> tuple[object, object]:
+def _bad_out(case: str) -> tuple[Any, Any]:
     """(table, out) pairs that must raise TableError; out holds sentinel bytes."""
     table = cuda.to_device(np.zeros((N, 4), np.float32))
     if case == "rows":
@@ -616,7 +617,7 @@ def test_bad_shapes_raise_before_launch(case: str, no_gather_launch: None) -> No
         assert_all_sentinel(out)
 
 
-BAD_TUNING = [
+BAD_TUNING: list[dict[str, Any]] = [
     {"threads_per_row": 3},
     {"threads_per_row": 0},
     {"threads_per_row": 128, "threads_per_block": 64},

@@ -37,10 +37,12 @@ def check_epoch(loader, source, features, labels) -> int:
             for key in x_ref:
                 assert same_bits(batch.x[key], x_ref[key]), key
         else:
+            assert isinstance(batch.x, torch.Tensor)
             assert same_bits(batch.x, x_ref)
         if y_ref is None:
             assert batch.y is None
         else:
+            assert isinstance(batch.y, torch.Tensor)
             assert same_bits(batch.y, y_ref)
         count += 1
     return count
@@ -85,7 +87,7 @@ def test_empty_and_partial_batches():
     features = torch.arange(N * 4, dtype=torch.float32).reshape(N, 4)
     labels = torch.arange(N)
     empty = torch.empty(0, dtype=torch.int64)
-    source = [
+    source: list[tuple[torch.Tensor, torch.Tensor, list]] = [
         (torch.tensor([3, 1, 4]), torch.tensor([1]), []),
         (empty, empty, []),
         (torch.arange(200), torch.arange(64), []),

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import warm_up_of
 from test_reliability import (
     CUDA_MODE_KINDS,
     Expected,
@@ -290,7 +291,7 @@ def test_the_warm_up_loads_the_positioned_kernel_and_the_loader_then_uses_it(mon
     features = make_table(N, (16,))  # 64-byte rows: 8-byte words
     triples = seq_triples(N, 4)
     with PingPongLoader(SeqSource(triples, shuffle=False), PartitionedRows(features)) as loader:
-        warm_up = loader._device.warm_up
+        warm_up = warm_up_of(loader)
         assert warm_up.done.wait(120)
         assert warm_up.error is None
         assert sum(len(signature) == 5 for signature in warm_up.result) == 1  # positioned
@@ -381,6 +382,19 @@ def booked_rows(table: torch.Tensor, part_id: int = 1) -> PartitionedRows:
     return source
 
 
+def booked_policy(source: PartitionedRows) -> BookedPolicy:
+    """The policy :func:`booked_rows` gave ``source``."""
+    assert isinstance(source.part_policy, BookedPolicy)
+    return source.part_policy
+
+
+def local_part(table: object) -> LocalPart:
+    """The local part the loader found in a row-source table (it must have one)."""
+    assert isinstance(table, rowsource.RemoteTable)
+    assert table.local is not None
+    return table.local
+
+
 @pytest.mark.parametrize("device_kind", ["cpu", "fake", *CUDA_MODE_KINDS])
 def test_a_range_partition_is_split_without_calling_the_policy_per_batch(device_kind):
     triples = seq_triples(N, 12)
@@ -388,14 +402,13 @@ def test_a_range_partition_is_split_without_calling_the_policy_per_batch(device_
     x_source, y_source = booked_rows(features), booked_rows(labels)
     with PingPongLoader(SeqSource(triples), x_source, y_source,
                         **loader_device(device_kind, seed=5)) as loader:
-        tables = loader._store.all_tables
-        assert [t.local.id_range for t in tables] == [(150, 260)] * 2
+        assert [local_part(t).id_range for t in loader._store.all_tables] == [(150, 260)] * 2
+        policies = [booked_policy(s) for s in (x_source, y_source)]
         # The book (DGL: an arange of the partition's ids) was asked once per table.
-        assert [s.part_policy.partition_book.asked for s in (x_source, y_source)] == [
-            [(1, "_N")]] * 2
-        calls_at_construction = [s.part_policy.calls for s in (x_source, y_source)]
+        assert [p.partition_book.asked for p in policies] == [[(1, "_N")]] * 2
+        calls_at_construction = [p.calls for p in policies]
         check_two_epochs(loader, features, labels, triples, x_source, y_source)
-    assert [s.part_policy.calls for s in (x_source, y_source)] == calls_at_construction
+    assert [p.calls for p in policies] == calls_at_construction
 
 
 @pytest.mark.parametrize("device_kind", ["cpu", "fake", *CUDA_MODE_KINDS])
@@ -443,12 +456,12 @@ class NotARange:
 
     @staticmethod
     def gap(policy: BookedPolicy) -> None:  # 150..259 without 200, and 260
-        policy.partition_book.partid2nids = lambda p, t: torch.cat(  # type: ignore[method-assign]
+        policy.partition_book.partid2nids = lambda partid, ntype: torch.cat(  # type: ignore[method-assign]
             [torch.arange(150, 200), torch.arange(201, 261)])
 
     @staticmethod
     def unsorted(policy: BookedPolicy) -> None:
-        policy.partition_book.partid2nids = lambda p, t: torch.arange(150, 260).flip(0)  # type: ignore[method-assign]
+        policy.partition_book.partid2nids = lambda partid, ntype: torch.arange(150, 260).flip(0)  # type: ignore[method-assign]
 
     @staticmethod
     def shifted(policy: BookedPolicy) -> None:  # the policy puts 150 in the partition too
@@ -469,7 +482,7 @@ class NotARange:
 
     @staticmethod
     def raises(policy: BookedPolicy) -> None:
-        def partid2nids(p: int, t: str) -> torch.Tensor:
+        def partid2nids(partid: int, ntype: str) -> torch.Tensor:
             raise RuntimeError("not this partition")
 
         policy.partition_book.partid2nids = partid2nids  # type: ignore[method-assign]

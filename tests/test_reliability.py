@@ -159,6 +159,7 @@ class SeqSource:
             if self.delay_s:
                 time.sleep(rng.random() * self.delay_s)
             if position == fail_at:
+                assert make_exc is not None
                 self.fail_times.append(time.monotonic())
                 raise make_exc()
             self.order[epoch].append(index)
@@ -226,6 +227,7 @@ class Verifier:
     def submit(self, batch: Any, sleep_s: float | None = None) -> None:
         seq = batch.blocks["seq"]
         pause = self.stream_sleep_s if sleep_s is None else sleep_s
+        first: Any  # the first read of the batch: a future, a GPU read or a digest
         if isinstance(self.device, FakeAsyncDevice):
             first = self.device.consumer_submit(lambda: batch_digest(batch))
             if pause:

@@ -106,6 +106,7 @@ def test_early_exit(how, keep_reference, device_kind):
             for batch in loader:  # a new epoch ends the old one
                 verifier.submit(batch)
             assert not producer.is_alive()
+            assert alias is not None
             with pytest.raises(pingpong.EpochSupersededError):
                 next(alias)
         else:
@@ -279,7 +280,7 @@ def test_consumer_failure_mid_epoch(device_kind, fail_at):
             verifier.submit(batch)
         if device_kind == "fake":
             # each failed epoch's held slot was released (when the next epoch began)
-            assert loader._device.calls["consumer_record"] == 3 * fail_at + 3 + 10
+            assert device.calls["consumer_record"] == 3 * fail_at + 3 + 10
         verifier.resolve()
         assert (verifier.checked, verifier.corrupted) == (10, 0)
 
@@ -386,7 +387,8 @@ def test_no_timeout_still_notices_a_producer_that_dies_mid_epoch(monkeypatch):
                 raise RuntimeError("producer thread dies")
 
     def dying_produce(source, store, reader, device, free_q, ready_q, *rest):
-        real_produce(source, store, reader, device, free_q, DieAfterTwo(ready_q), *rest)
+        dying_q = DieAfterTwo(ready_q)  # puts only: a SimpleQueue to the producer
+        real_produce(source, store, reader, device, free_q, dying_q, *rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(epoch_module, "produce", dying_produce)
     with PingPongLoader(seq_triples(N, 6), make_table(), timeout=None) as loader:

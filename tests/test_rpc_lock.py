@@ -22,6 +22,13 @@ from pingpong import _rpc
 from pingpong._rpc import holding
 
 
+def rpc_lock_held() -> bool:
+    """Whether pingpong's process-wide RPC lock is held (there must be one)."""
+    lock = _rpc.RPC_LOCK
+    assert lock is not None
+    return lock.locked()
+
+
 def test_a_free_lock_is_taken_and_released():
     lock, stop = threading.Lock(), threading.Event()
     with holding(lock, stop, 0.01) as held:
@@ -158,18 +165,18 @@ def test_next_inside_the_turn_raises_and_the_epoch_goes_on(takes_turns):
             next(it)
         assert [torch.equal(b.x, features[t[0]]) for b, t in zip(it, triples[1:], strict=True)
                 ] == [True] * 3
-    assert not _rpc.RPC_LOCK.locked()
+    assert not rpc_lock_held()
 
 
 def test_a_turn_inside_a_turn_is_the_same_turn_and_is_free_again_after_an_error():
     with pingpong.rpc_turn():
         with pingpong.rpc_turn():  # takes nothing: this thread has the turn
-            assert _rpc.RPC_LOCK.locked()
-        assert _rpc.RPC_LOCK.locked()  # still the outer block's
-    assert not _rpc.RPC_LOCK.locked()
+            assert rpc_lock_held()
+        assert rpc_lock_held()  # still the outer block's
+    assert not rpc_lock_held()
     with pytest.raises(KeyError), pingpong.rpc_turn():
         raise KeyError("a failing DGL call")
-    assert not _rpc.RPC_LOCK.locked()
+    assert not rpc_lock_held()
 
 
 class TurnTakingSource:
@@ -197,7 +204,7 @@ def test_a_producer_that_has_the_turn_keeps_it_in_the_users_rpc_turn(takes_turns
         assert [torch.equal(b.x, features[t[0]]) for b, t in zip(loader, triples, strict=True)
                 ] == [True] * 5
     assert source.turns == 5
-    assert not _rpc.RPC_LOCK.locked()
+    assert not rpc_lock_held()
 
 
 def test_a_loader_that_takes_no_turns_is_iterated_inside_one():

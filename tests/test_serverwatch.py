@@ -159,7 +159,11 @@ def test_without_a_dgl_rpc_client_there_is_nothing_to_watch() -> None:
 
 
 # --------------------------------------------------------------------------- the loader
-def triples(n: int, rows: int = 50, per: int = 4) -> list[tuple[torch.Tensor, ...]]:
+#: A node-classification item: input ids, output ids, blocks (none here).
+Triple = tuple[torch.Tensor, torch.Tensor, list]
+
+
+def triples(n: int, rows: int = 50, per: int = 4) -> list[Triple]:
     g = torch.Generator().manual_seed(0)
     return [(torch.randint(0, rows, (per,), generator=g), torch.arange(2), [])
             for _ in range(n)]
@@ -187,7 +191,7 @@ def test_health_check_runs_before_every_source_step_and_fetch() -> None:
     items = triples(4)
 
     class Source:
-        def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        def __iter__(self) -> Iterator[Triple]:
             for item in items:
                 log.append("next")
                 yield item
@@ -440,7 +444,7 @@ def test_a_source_failure_while_the_check_fails_becomes_the_checks_error(
     dead = threading.Event()
 
     class Source:
-        def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        def __iter__(self) -> Iterator[Triple]:
             items = triples(6)
             yield from items[:2]
             if server_dead:
@@ -489,7 +493,7 @@ def test_a_check_raising_systemexit_after_a_failure_keeps_the_failure() -> None:
     dead = threading.Event()
 
     class Source:
-        def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        def __iter__(self) -> Iterator[Triple]:
             yield triples(1)[0]
             dead.set()
             raise ConnectionResetError(104, "Connection reset by peer")

@@ -27,7 +27,9 @@ from test_reliability import seq_triples as make_seq_triples
 
 import pingpong
 from pingpong import PingPongLoader
+from pingpong.devices import COMPLETED
 from pingpong.devices.cpu import CPUDevice
+from pingpong.devices.fake import FakeAsyncDevice
 from pingpong.slots import Lease, make_slots
 from pingpong.store import make_feature_store
 
@@ -56,7 +58,7 @@ def test_temporary_loader_in_a_for_loop_delivers_every_batch(device_kind):
     triples, features, labels = triples_and_tables()
     device = fake(seed=1) if device_kind == "fake" else "cpu"
     verifier = Verifier(device, Expected(features, labels, triples))
-    seqs = []
+    seqs: list[int] = []
     for batch in PingPongLoader(SeqSource(triples, shuffle=False), features, labels,
                                 device=device):
         if not seqs:
@@ -68,7 +70,7 @@ def test_temporary_loader_in_a_for_loop_delivers_every_batch(device_kind):
     assert (verifier.checked, verifier.corrupted) == (BATCHES, 0)
     gc.collect()
     assert wait_for_no_pingpong_threads(3.0) == []
-    if device_kind == "fake":
+    if isinstance(device, FakeAsyncDevice):
         assert device.closed  # the loader owned it and closed it once unreachable
 
 
@@ -265,7 +267,7 @@ def test_a_lease_releases_on_every_stream_the_batch_was_used_on():
     device = StreamLog()
     store = make_feature_store(torch.zeros(4, 2))
     (slot,) = make_slots(store, 1, "initial")
-    lease = Lease(slot, device, "ready")
+    lease = Lease(slot, device, COMPLETED)
     lease.use_on(None)
     lease.use_on("side")
     lease.use_on("side")  # twice: one release event still

@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import pytest
 import torch
-from conftest import make_triples
+from conftest import make_triples, warm_up_of
 
 import pingpong
 from pingpong.devices import cpu as cpu_device
@@ -168,7 +168,7 @@ def test_loader_gathers_bit_identically_while_the_warm_up_runs(monkeypatch):
     monkeypatch.setattr(cpu_device, "gather_rows_cpu_unchecked", numba_must_not_run)
     loader = pingpong.PingPongLoader(triples, features, labels=labels, device="cpu")
     try:
-        warm_up = loader._device.warm_up
+        warm_up = warm_up_of(loader)
         assert gate.started.wait(5)
         assert warm_up.name.startswith("pingpong-warmup-")
         assert not warm_up.done.is_set()
@@ -186,17 +186,21 @@ def test_a_ready_specialisation_is_used_while_the_rest_warm_up(monkeypatch):
     monkeypatch.setattr(cpu_device, "warm_up_cpu", gate)
     warm_up_cpu([8], [np.int64], threading_layer=False)  # compiled (or loaded)...
     monkeypatch.setattr(cpu_kernels, "_ready", {(8, np.dtype(np.int64))})  # ...and only it
-    used = []
+    used: list[np.dtype] = []
     real = cpu_device.gather_rows_cpu_unchecked
-    monkeypatch.setattr(cpu_device, "gather_rows_cpu_unchecked",
-                        lambda table, ids, out: (used.append(ids.dtype), real(table, ids, out)))
+
+    def counted(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None:
+        used.append(ids.dtype)
+        real(table, ids, out)
+
+    monkeypatch.setattr(cpu_device, "gather_rows_cpu_unchecked", counted)
     features = torch.randn(300, 16)  # 64-byte rows: 8-byte words
     wide, narrow = make_triples(300, 2)
     triples = [wide, (narrow[0].to(torch.int32), narrow[1].to(torch.int32), narrow[2])]
     with pingpong.PingPongLoader(triples, features, device="cpu") as loader:
         assert gate.started.wait(5)
         got = [batch.x.clone() for batch in loader]
-        assert not loader._device.warm_up.done.is_set()
+        assert not warm_up_of(loader).done.is_set()
     assert used == [np.dtype(np.int64)]  # the int32 batch took the fallback
     for batch, (inputs, _, _) in zip(got, triples, strict=True):
         assert torch.equal(batch, features[inputs])
@@ -215,7 +219,7 @@ def test_loader_uses_numba_once_warm(monkeypatch):
     labels = torch.arange(500)
     triples = make_triples(500, 4)
     with pingpong.PingPongLoader(triples, features, labels=labels, device="cpu") as loader:
-        warm_up = loader._device.warm_up
+        warm_up = warm_up_of(loader)
         assert warm_up.done.wait(120)
         assert warm_up.error is None
         ready = warm_up.result
@@ -235,7 +239,7 @@ def test_a_failed_warm_up_does_not_break_the_loader(monkeypatch):
     labels = torch.arange(800)
     triples = make_triples(800, 5)
     with pingpong.PingPongLoader(triples, features, labels=labels, device="cpu") as loader:
-        warm_up = loader._device.warm_up
+        warm_up = warm_up_of(loader)
         assert warm_up.done.wait(10)
         assert isinstance(warm_up.error, RuntimeError)
         _check_epochs(loader, triples, features, labels)
@@ -367,12 +371,13 @@ def test_fallback_takes_read_only_reversed_and_empty_ids(monkeypatch):
     frozen = np.array([4, 0, 49])
     frozen.flags.writeable = False  # e.g. ids a source hands out read-only
     reversed_ids = np.arange(50)[::-3]  # a negative stride (torch.from_numpy refuses it)
-    triples = [(frozen, np.array([1]), []), (reversed_ids, np.array([2]), []),
-               (np.empty(0, np.int64), np.empty(0, np.int64), [])]
+    triples: list[tuple[np.ndarray, np.ndarray, list]] = [
+        (frozen, np.array([1]), []), (reversed_ids, np.array([2]), []),
+        (np.empty(0, np.int64), np.empty(0, np.int64), [])]
     with pingpong.PingPongLoader(triples, features, device="cpu") as loader:
         assert gate.started.wait(5)
         batches = [batch.x.clone() for batch in loader]
-        assert not loader._device.warm_up.done.is_set()  # all gathered by the fallback
+        assert not warm_up_of(loader).done.is_set()  # all gathered by the fallback
     assert torch.equal(batches[0], features[torch.tensor([4, 0, 49])])
     assert torch.equal(batches[1], features[torch.tensor(reversed_ids.tolist())])
     assert batches[2].shape == (0, 6)
@@ -390,7 +395,7 @@ def test_close_waits_at_most_a_bounded_time_for_a_step_in_progress(monkeypatch):
     monkeypatch.setattr(cpu_device, "warm_up_cpu", one_long_step)
     monkeypatch.setattr(cpu_device, "WARM_UP_JOIN_S", 0.2)
     loader = pingpong.PingPongLoader(make_triples(100, 2), torch.randn(100, 4), device="cpu")
-    warm_up = loader._device.warm_up
+    warm_up = warm_up_of(loader)
     t0 = time.perf_counter()
     loader.close()
     assert time.perf_counter() - t0 < 2.0
