@@ -43,8 +43,9 @@
 # PINGPONG_COMMIT=<sha> bash benchmarks/gpu_check.sh OUT), with source_sha256 of the
 # sources (`python benchmarks/gpu_latest.py --source-hash` prints a tree's).
 # Usage: benchmarks/gpu_check.sh OUTDIR [STEP...]
-# Writes at most 8 files to OUTDIR: machine.txt, log.txt, gather-cuda.{json,md,png},
-# gather-cuda-32g.json, epochs.json, gpu-latest.json (epochs-small.json if named).
+# Writes at most 10 files to OUTDIR: machine.txt, log.txt, gather-cuda.{json,md,png},
+# gather-cuda-32g.json, epochs.json, epochs-cache.json, gpu-latest.json
+# (epochs-small.json if named).
 set -u
 out=${1:?usage: benchmarks/gpu_check.sh OUTDIR [STEP...]}
 shift

@@ -26,6 +26,7 @@ from .errors import (
     RpcTurnError,
     ServerGoneError,
     SlotOverwriteError,
+    SourceBusyError,
     TableError,
 )
 from .loader import PingPongLoader
@@ -55,6 +56,7 @@ __all__ = [
     "RpcTurnError",
     "ServerGoneError",
     "SlotOverwriteError",
+    "SourceBusyError",
     "SubgraphBatch",
     "TableError",
     "__version__",

@@ -50,6 +50,18 @@ class _Wakeup:
 _WAKEUP = _Wakeup()
 
 
+def _stop_iteration_error() -> RuntimeError:
+    """What the training loop gets, caused by it, for a ``StopIteration`` raised
+    by code pingpong ran for it (a ``form=``, a row source, a health check):
+    raised out of ``next()`` as it is, it would end the loop's ``for`` as if the
+    epoch were over -- the rule PEP 479 set for generators."""
+    return RuntimeError(
+        "StopIteration raised inside pingpong's pipeline (a form=, a row source or a "
+        "health check; see the cause above): not the end of the epoch, which would "
+        "have ended the training loop early"
+    )
+
+
 class Epoch:
     """One pass over the source; see :mod:`pingpong._lifecycle` for its states.
 
@@ -138,10 +150,12 @@ class Epoch:
                 self._check_held("while the training loop held it")
             self._hand_back_held()
             message = self._wait_for_message()
-        except BaseException:
+        except BaseException as exc:
             # Timeout, Ctrl-C, dead producer: the producer may be stuck in the
             # source, so do not wait long for it (slots are safe regardless).
             self._fail(SHORT_JOIN_TIMEOUT_S)
+            if isinstance(exc, StopIteration):  # from the health check
+                raise _stop_iteration_error() from exc
             raise
         with self._lock:
             if self.state is not EpochState.RUNNING:
@@ -156,6 +170,8 @@ class Epoch:
             return self._deliver(message, lease)
         if isinstance(message, Failure):
             self._fail(join_timeout())
+            if isinstance(message.exc, StopIteration):
+                raise _stop_iteration_error() from message.exc
             raise message.exc
         self.end(EpochState.EXHAUSTED)
         self.retire(join_timeout())

@@ -45,8 +45,9 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
         array = ids
     elif isinstance(ids, Mapping):
         raise IdTypeError(
-            f"{name} is a dict (a heterogeneous graph?); build the loader with "
-            "heterogeneous=True and features/labels as dicts keyed by node type"
+            f"{name} is a dict (a heterogeneous graph, or seeds given as a dict?); "
+            "build the loader with heterogeneous=True and features/labels as dicts "
+            "keyed by node type"
         )
     else:
         raise IdTypeError(f"{name} must be a torch.Tensor or numpy array, got {type(ids).__name__}")
@@ -80,11 +81,13 @@ def batch_ids(
     against that table's own row count; a node type that has a table but no
     entry in the dict gets no ids (DGL leaves out of ``output_nodes`` the seed
     types a batch happens not to contain); node types without a table are not
-    looked at (their ids are delivered as given).  The names are what error
-    messages call the ids.
+    looked at (their ids are delivered as given); ids that are not a dict are
+    the ids of the only table where the loader has one feature table and at
+    most one label table (a graph of one node type).
+    The names are what error messages call the ids.
 
     Raises what :func:`host_ids` raises, and ``IdTypeError`` when a
-    heterogeneous batch's ids are not a dict.
+    heterogeneous batch's ids are not a dict and the loader has more tables.
     """
     gather_labels = bool(store.label_tables) and label_ids is not None
     if not store.heterogeneous:
@@ -93,9 +96,10 @@ def batch_ids(
         if gather_labels:
             y_ids[None] = host_ids(label_ids, store.label_tables[None].num_rows, label_name)
         return dict.fromkeys(store.tables, x_ids), y_ids
+    one_type = len(store.tables) == 1 and len(store.label_tables) <= 1
     return (
-        _typed_ids(feature_ids, store.tables, feature_name),
-        _typed_ids(label_ids, store.label_tables, label_name) if gather_labels else {},
+        _typed_ids(feature_ids, store.tables, feature_name, one_type),
+        _typed_ids(label_ids, store.label_tables, label_name, one_type) if gather_labels else {},
     )
 
 
@@ -104,13 +108,21 @@ def batch_ids(
 _NO_IDS = np.empty(0, dtype=np.int64)
 
 
-def _typed_ids(ids: Any, tables: dict[str | None, Table], name: str) -> TableIds:
-    """Each table's validated ids from a dict by node type (none where the type is absent)."""
+def _typed_ids(ids: Any, tables: dict[str | None, Table], name: str,
+               one_type: bool) -> TableIds:
+    """Each table's validated ids from a dict by node type (none where the type is
+    absent).  With ``one_type`` (one feature table, at most one label table),
+    plain ids are the table's: DGL gives a graph of one node type (and several
+    edge types) ``input_nodes`` as a tensor, while ``output_nodes`` follow the
+    seeds, a dict if they were one."""
     if not isinstance(ids, Mapping):
-        raise IdTypeError(
-            f"heterogeneous=True: {name} must be a dict {{node type: ids}}, got "
-            f"{type(ids).__name__}"
-        )
+        if not one_type:
+            raise IdTypeError(
+                f"heterogeneous=True: {name} must be a dict {{node type: ids}}, got "
+                f"{type(ids).__name__} (plain ids are taken as a node type's only "
+                "where the loader has one feature table and at most one label table)"
+            )
+        ids = dict.fromkeys(tables, ids)
     return {
         ntype: host_ids(ids[ntype], table.num_rows, f"{name}[{ntype!r}]")
         if ntype in ids

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 
 from . import _rpc
 from ._threads import join_within
-from .errors import EpochSupersededError, LoaderClosedError
+from .errors import EpochSupersededError, LoaderClosedError, SourceBusyError
 
 if TYPE_CHECKING:
     from ._epoch import Epoch
@@ -237,9 +237,12 @@ class LoaderCore:
     retired.  Thread-safe.
     """
 
-    def __init__(self, make_epoch: Callable[[], Epoch], device: Device) -> None:
+    def __init__(self, make_epoch: Callable[[], Epoch], device: Device,
+                 source_shares_its_iterator: bool = False) -> None:
         self._make_epoch = make_epoch
         self.device = device
+        #: the source's iter() resets one shared iterator (persistent DataLoader workers)
+        self.source_shares_its_iterator = source_shares_its_iterator
         self.epoch: Epoch | None = None
         self.closed = False
         self._lock = threading.Lock()
@@ -257,6 +260,14 @@ class LoaderCore:
                 # from a source whose iter() resets a shared iterator (torchdata #1482).
                 previous.retire(JOIN_TIMEOUT_S)
                 previous.hand_back_lease()
+                if previous.thread.is_alive() and self.source_shares_its_iterator:
+                    self.epoch = previous  # ended; the next iter() waits for it again
+                    raise SourceBusyError(
+                        f"{previous.thread.name} is still inside the source after "
+                        f"{JOIN_TIMEOUT_S:.1f} s, and the source's iter() would reset the "
+                        "iterator it is in (a DataLoader with persistent_workers=True): a "
+                        "new pass now would lose or share its items.  Nothing was "
+                        "started; call iter() again once the source returns")
             self.epoch = self._make_epoch()
             return self.epoch
 

@@ -323,8 +323,9 @@ def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:
 
 
 def _bytes(tables: dict[str | None, Table], ids: TableIds) -> int:
-    """Bytes gathered from ``tables`` when each is read at ``ids[key]``."""
-    return sum(len(ids[key]) * table.row_bytes for key, table in tables.items())
+    """Bytes gathered from ``tables`` when each is read at ``ids[key]`` (none
+    from a table without ids: labels of a batch whose form gave none)."""
+    return sum(len(ids[key]) * table.row_bytes for key, table in tables.items() if key in ids)
 
 
 #: Rows fetched from row sources for one batch, by (feature or label) table.
@@ -363,12 +364,15 @@ def _gather_all(
     buffers: dict[str | None, Buffer], ids: TableIds, fetched: Fetched, device: Device
 ) -> dict[str | None, Any]:
     """Queue the gather of every buffer's table at ``ids[key]`` into the buffer
-    (for a row source: the copy of its fetched rows).
+    (for a row source: the copy of its fetched rows); a buffer whose key has no
+    ids (labels of a batch whose form gave none) is left alone.
 
     Returns the row views (valid until the slot is refilled), by key.
     """
     out = {}
     for key, buffer in buffers.items():
+        if key not in ids:
+            continue
         n = len(ids[key])
         buffer.reserve(n, device.allocate)
         out[key] = buffer.rows(n)

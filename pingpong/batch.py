@@ -50,6 +50,12 @@ class LeasedBatch:
         fields["y"] = _clone(fields["y"])
         return type(self)(**fields)
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """``pickle``, ``copy.copy``/``deepcopy`` and ``torch.save`` take what
+        :meth:`clone` returns: the fields, ``x`` and ``y`` owning their rows (not
+        the whole slot they are views of), and no lease (it holds a lock)."""
+        return (type(self), tuple(self.clone()))
+
 
 class _BatchFields(NamedTuple):
     input_nodes: Any
@@ -71,7 +77,8 @@ class Batch(LeasedBatch, _BatchFields):
     for the next batch (the next turn of the ``for`` loop) or a new epoch of
     the same loader starts (``iter(loader)`` again).  Ending an epoch early
     (``break``, ``close()``, dropping the loader) does not overwrite them.
-    Keep data beyond that with :meth:`clone`.  The same holds for every
+    Keep data beyond that with :meth:`clone` (``copy.copy``/``deepcopy``,
+    ``pickle`` and ``torch.save`` copy as it does).  The same holds for every
     batch type below.
 
     Stream contract (CUDA): the batch is ready on the CUDA stream that was

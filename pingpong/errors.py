@@ -39,6 +39,11 @@ exception                          raised when
 :class:`EpochSupersededError`      ``next()`` on an iterator whose epoch was
                                    ended by a newer ``iter(loader)`` (a nested
                                    loop over one loader) (``RuntimeError``)
+:class:`SourceBusyError`           ``iter(loader)`` while the last epoch's
+                                   producer is still inside a source whose
+                                   ``iter()`` resets one shared iterator
+                                   (persistent DataLoader workers)
+                                   (``RuntimeError``)
 :class:`RpcTurnError`              ``next()`` on a DistDGL loader by a thread
                                    inside :func:`pingpong.rpc_turn` (its
                                    producer could never take its turn)
@@ -116,6 +121,16 @@ class EpochSupersededError(PingPongError, RuntimeError):
     A loader runs one epoch at a time; a second ``iter()`` (a nested loop over
     the same loader, ``zip(loader, loader)``) ends the first, and the first
     iterator then raises this instead of stopping silently.
+    """
+
+
+class SourceBusyError(PingPongError, RuntimeError):
+    """``iter(loader)`` found the last epoch's producer still inside the source
+    (after a timeout or Ctrl-C, it waited for it 2 s), and the source's
+    ``iter()`` would reset the very iterator that producer is in -- a
+    ``DataLoader`` with ``persistent_workers=True`` -- so a new pass would lose
+    or share its items.  Nothing was started; ``iter()`` again once the source
+    returns.
     """
 
 

@@ -69,7 +69,11 @@ class PingPongLoader(Iterable[Any]):
             INFO; ``loader.gather_mode`` says which).
         timeout: seconds to wait for a batch before raising ``TimeoutError``;
             ``None`` waits as long as the source needs (a dead producer is
-            still noticed).
+            still noticed).  The next ``iter()`` waits up to 2 s for the
+            producer still inside the source, then starts the new pass -- or,
+            for a ``DataLoader`` with ``persistent_workers=True`` (its
+            ``iter()`` resets the iterator that producer is in), raises
+            :class:`~pingpong.errors.SourceBusyError` instead.
         gather_threads: Numba threads the CPU gather uses in the producer thread
             (default: half the cores).  The training loop's torch threads are
             not changed; see the tuning guide.
@@ -260,7 +264,8 @@ class PingPongLoader(Iterable[Any]):
                 cache.build_if_ready(device)
             return new_epoch()
 
-        self._core = LoaderCore(start_epoch, self._device)
+        self._core = LoaderCore(start_epoch, self._device,
+                                source_shares_its_iterator=_shares_its_iterator(source))
         self._finalizer = weakref.finalize(self, _close, self._core, self._server_watch)
 
     # -- iteration -----------------------------------------------------------
@@ -368,6 +373,13 @@ def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
     if bad or not ids:
         raise ConfigError(f"producer_cpus must be one or more CPU ids (ints >= 0), got {ids!r}")
     return frozenset(int(c) for c in ids)
+
+
+def _shares_its_iterator(source: Any) -> bool:
+    """A torch (or DGL) ``DataLoader`` with ``persistent_workers=True`` and workers:
+    its ``iter()`` resets and returns one iterator object, every epoch."""
+    return bool(getattr(source, "persistent_workers", False)) and \
+        int(getattr(source, "num_workers", 0) or 0) > 0
 
 
 def _combine_checks(

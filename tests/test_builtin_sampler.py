@@ -139,6 +139,18 @@ def test_csr_validation() -> None:
         CSRGraph(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0]), 1)
 
 
+@pytest.mark.parametrize("bad", [10**10, 2, -1], ids=["far", "num_nodes", "negative"])
+def test_csr_neighbour_ids_outside_the_graph_are_refused(bad: int) -> None:
+    """Before any sampler reads them (the Numba sampler would read out of bounds)."""
+    with pytest.raises(IndexError, match=r"CSRGraph.indices must lie in \[0, 2\)"):
+        CSRGraph(torch.tensor([0, 1, 2]), torch.tensor([1, bad]), 2)
+
+
+def test_csr_decreasing_indptr_is_refused() -> None:
+    with pytest.raises(ValueError, match="non-decreasing: node 1's in-edges would run from"):
+        CSRGraph(torch.tensor([0, 10**9, 1]), torch.tensor([0]), 2)
+
+
 def test_fanout_all_and_isolated_nodes() -> None:
     graph = random_graph()
     _, _, blocks = NeighborSampler([-1]).sample_blocks(graph, torch.tensor([119, 0]), 0)

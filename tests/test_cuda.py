@@ -291,6 +291,33 @@ def test_zerocopy_with_a_hot_row_cache_is_bit_identical(how, dtype, row_shape):
     assert 0 < stats["cache_hits"] < stats["cache_lookups"]
 
 
+def test_a_cache_from_hot_ids_is_built_on_the_copy_stream(monkeypatch):
+    """The constructor builds it, before any producer started: on the copy stream
+    still (stream 0 is not ordered with torch's streams: a first gather could read
+    the cache before the build wrote it)."""
+    from pingpong.devices.cuda import CUDADevice, _modes
+
+    launches: list[Any] = []
+    real = _modes.gather_rows_cuda_unchecked
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        launches.append(args[3])
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(_modes, "gather_rows_cuda_unchecked", recording)
+    features = torch.randn(N, 8)
+    loader = PingPongLoader(make_triples(N, 2), features, device="cuda", gather="zerocopy",
+                            cache_bytes=100 * 32, hot_ids=torch.arange(100))
+    with loader:
+        assert len(launches) == 1  # the build, in the constructor
+        device = loader._device
+        assert isinstance(device, CUDADevice)
+        assert launches[0] is not None
+        assert launches[0] is device._copy.numba_stream  # made from the copy stream
+        for batch, (inputs, _o, _b) in zip(loader, make_triples(N, 2), strict=True):
+            assert _host_equal(batch.x, features[inputs])
+
+
 def test_the_cache_is_not_used_when_the_tables_are_on_the_gpu():
     features = torch.randn(N, 8)
     with PingPongLoader(make_triples(N, 3), features, device="cuda", gather="device",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 import pytest
@@ -203,6 +204,68 @@ def test_source_exception_keeps_type_object_and_traceback(fail_at):
             next(it)
         with pytest.raises(SamplerError):
             next(it)
+
+
+class RowsUntil:
+    """A row source whose fetch raises ``StopIteration`` (a user's bug) on one call."""
+
+    def __init__(self, table: torch.Tensor, failing_call: int) -> None:
+        self.table, self.failing_call, self.calls = table, failing_call, 0
+        self.shape, self.dtype = tuple(table.shape), table.dtype
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.failing_call:
+            next(iter([]))  # the bug: StopIteration escapes
+        return self.table[ids]
+
+
+@pytest.mark.parametrize(
+    "where", ["form", "row source", "health_check", "health_check on the training thread"])
+@pytest.mark.parametrize("sample_ahead", [False, True], ids=["sync", "ahead"])
+def test_stop_iteration_in_user_code_is_an_error_not_an_early_end(where, sample_ahead):
+    """As PEP 479 does for generators: the loop must not end quietly after 2 of 6 batches."""
+    features = torch.randn(N, 3)
+    items = list(range(6))
+    broken = {"on": True}
+    on_training_thread = where == "health_check on the training thread"
+
+    def form(item: int) -> tuple[torch.Tensor, None]:
+        if where == "form" and broken["on"] and item == 2:
+            next(iter([]))
+        if on_training_thread and broken["on"] and item == 2:
+            time.sleep(0.5)  # the training thread, waiting, calls the health check
+        return torch.tensor([item]), None
+
+    checks = {"n": 0}
+
+    def health_check() -> None:
+        checks["n"] += 1
+        if not broken["on"]:
+            return
+        if where == "health_check" and checks["n"] == 1:
+            next(iter([]))
+        if on_training_thread and threading.current_thread() is threading.main_thread():
+            next(iter([]))
+
+    table: Any = RowsUntil(features, 3) if where == "row source" else features
+    with PingPongLoader(items, table, form=form, sample_ahead=sample_ahead,
+                        health_check=health_check) as loader:
+        got = []
+        with pytest.raises(RuntimeError, match="StopIteration raised inside") as info:
+            for batch in loader:
+                got.append(batch.item)
+        assert isinstance(info.value.__cause__, StopIteration)
+        if where == "health_check":
+            assert got == []  # the producer's first call, before the first item
+        elif on_training_thread and sample_ahead:
+            assert got == [0]  # item 2's form runs ahead, while batch 1 is waited for
+        else:
+            assert got == [0, 1]
+        broken["on"] = False
+        if where == "row source":
+            table.failing_call = 0
+        assert [b.item for b in loader] == items  # the next epoch is whole
 
 
 def test_consumer_exception_mid_epoch_then_new_epoch():

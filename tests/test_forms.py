@@ -243,6 +243,42 @@ def test_custom_form_callable():
             assert torch.equal(kept.x, x)
 
 
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+@pytest.mark.parametrize("heterogeneous", [False, True], ids=["homogeneous", "heterogeneous"])
+def test_a_form_may_give_no_label_ids_for_some_items(device_kind, heterogeneous):
+    """``(feature ids, None)``: that batch has no labels (``y`` None), the others do."""
+    items = [{"nodes": torch.arange(i, i + 20),
+              "seeds": torch.arange(i, i + 4) if i % 20 else None}  # every other item
+             for i in range(0, 100, 10)]
+
+    def typed(ids: torch.Tensor | None) -> Any:
+        return {"n": ids} if heterogeneous and ids is not None else ids
+
+    features: Any = {"n": FEATURES} if heterogeneous else FEATURES
+    labels: Any = {"n": LABELS} if heterogeneous else LABELS
+    device = _device(device_kind)
+    checker = Checker(device)
+    with PingPongLoader(items, features, labels, device=device, heterogeneous=heterogeneous,
+                        form=lambda item: (typed(item["nodes"]), typed(item["seeds"]))) as loader:
+        for _ in range(2):
+            labelled = 0
+            for batch, item in zip(loader, items, strict=True):
+                x = batch.x["n"] if heterogeneous else batch.x
+                checker.equal(x, FEATURES[item["nodes"]])
+                if item["seeds"] is None:
+                    assert batch.y is None
+                else:
+                    y = batch.y["n"] if heterogeneous else batch.y
+                    checker.equal(y, LABELS[item["seeds"]])
+                    labelled += 1
+            checker.resolve()
+            assert labelled == 5
+        # two epochs of ten 20-row feature batches and five 4-row label batches
+        assert loader.stats["bytes_gathered"] == 2 * (
+            10 * 20 * FEATURES[0].numel() * FEATURES.element_size()
+            + 5 * 4 * LABELS.element_size())
+
+
 # -- refusals: before any row is read -------------------------------------------------------
 def _edge_source(**kwargs: Any) -> Any:
     sampler = dgl.dataloading.as_edge_prediction_sampler(

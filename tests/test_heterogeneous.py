@@ -288,6 +288,45 @@ def test_dgl_loader_seeded_on_two_types_with_labels_for_both(mag_like: Any) -> N
 
 @pytest.mark.dgl
 @pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+def test_dgl_graph_of_one_node_type_and_two_edge_types(device_kind: str) -> None:
+    """DGL gives it ``input_nodes`` as a tensor and ``output_nodes`` as the seeds
+    were given (a dict here): plain ids are the one table's."""
+    import dgl
+
+    gen = torch.Generator().manual_seed(2)
+    src, dst = torch.randint(0, 300, (2, 1200), generator=gen)
+    g = dgl.heterograph({("paper", "cites", "paper"): (src[:600], dst[:600]),
+                         ("paper", "extends", "paper"): (src[600:], dst[600:])})
+    features, labels = tables()
+    features, labels = {"paper": features["paper"]}, {"paper": labels["paper"]}
+    source = dgl.dataloading.DataLoader(
+        g, {"paper": torch.arange(100)}, dgl.dataloading.NeighborSampler([3, 3]),
+        batch_size=32, shuffle=True)
+    device = make_device(device_kind)
+    with PingPongLoader(source, features, labels, device=device,
+                        heterogeneous=True) as loader:
+        for _ in range(2):
+            seeds = []
+            for batch in loader:
+                assert isinstance(batch.input_nodes, torch.Tensor)  # as DGL gives them
+                assert isinstance(batch.output_nodes, dict)
+                check_where_the_model_reads(
+                    device, batch._replace(input_nodes={"paper": batch.input_nodes}),
+                    features, labels)
+                seeds.append(batch.output_nodes["paper"])
+            assert torch.equal(torch.cat(seeds).sort().values, torch.arange(100))
+
+
+def test_plain_ids_with_several_tables_are_refused() -> None:
+    features, _ = tables()
+    with PingPongLoader([(torch.arange(3), {}, None)], features, heterogeneous=True) as loader:
+        with pytest.raises(pingpong.IdTypeError, match="one feature table and at most"):
+            list(loader)
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
 def test_a_bipartite_block_has_no_edge_block_form() -> None:
     """One edge type but two node types: merging them would mix their local ids."""
     import dgl

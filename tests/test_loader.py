@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import gc
+import io
+import pickle
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -290,6 +295,50 @@ def test_batch_clone_survives_slot_reuse():
             pass
         assert torch.equal(first.x, features[20:30])  # the slot was reused by batch 2
     assert torch.equal(kept.x, features[:10])
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "copy", "pickle", "torch.save"])
+@pytest.mark.parametrize("heterogeneous", [False, True], ids=["tensor", "dict"])
+def test_a_copied_or_pickled_batch_owns_its_rows(how, heterogeneous):
+    """As a clone: the fields only, ``x``/``y`` compact and unchanged by slot reuse."""
+    features = torch.randn(N, 4)
+    labels = torch.arange(N)
+    source: list[Any] = [(torch.arange(10 * i, 10 * i + 10), torch.arange(2 * i, 2 * i + 2), None)
+                         for i in range(4)]
+    if heterogeneous:
+        source = [({"n": i}, {"n": o}, b) for i, o, b in source]
+    tables: Any = ({"n": features}, {"n": labels}) if heterogeneous else (features, labels)
+    with PingPongLoader(source, *tables, num_buffers=2, heterogeneous=heterogeneous) as loader:
+        it = iter(loader)
+        first = next(it)
+        kept = COPIES[how](first)
+        for _ in it:
+            pass
+    assert type(kept) is Batch
+    rows: Any = kept  # x and y are dicts by node type, or tensors
+    x, y = (rows.x["n"], rows.y["n"]) if heterogeneous else (rows.x, rows.y)
+    assert isinstance(x, torch.Tensor)
+    assert isinstance(y, torch.Tensor)
+    assert same_bits(x, features[:10])
+    assert same_bits(y, labels[:2])
+    assert x.untyped_storage().nbytes() == x.nbytes  # its own rows, not the whole slot
+    assert kept._lease is None
+    assert kept.record_stream(None) is kept  # nothing to release: it owns its memory
+
+
+def _torch_round_trip(batch: Any) -> Any:
+    buffer = io.BytesIO()
+    torch.save(batch, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+COPIES: dict[str, Callable[[Any], Any]] = {
+    "deepcopy": copy.deepcopy,
+    "copy": copy.copy,
+    "pickle": lambda batch: pickle.loads(pickle.dumps(batch)),
+    "torch.save": _torch_round_trip,
+}
 
 
 def test_producer_cpu_counts_the_sources_cpu_not_its_waits():

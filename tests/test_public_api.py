@@ -28,6 +28,7 @@ EXPECTED = {
     "RpcTurnError",
     "ServerGoneError",
     "SlotOverwriteError",
+    "SourceBusyError",
     "SubgraphBatch",
     "TableError",
     "__version__",

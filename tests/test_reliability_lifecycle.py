@@ -625,6 +625,59 @@ def test_old_producer_does_not_steal_from_the_new_epoch():
     assert seqs == list(range(8))
 
 
+class SlowOnce(torch.utils.data.Dataset):
+    """Items 0..7; item 2 takes ``stall_s`` while the shared flag is set."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall = torch.zeros(1).share_memory_()
+        self.stall_s = stall_s
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 2 and self.stall[0] == 1:
+            time.sleep(self.stall_s)
+        return i
+
+
+def test_a_persistent_worker_loader_is_not_reset_under_a_stuck_producer():
+    """Found in review: after a timeout, ``iter()`` went on after 2 s while the old
+    producer was still inside ``next()`` of the iterator that torch's persistent
+    workers share between passes; resetting it broke the source
+    ("Invalid iterator state") or lost item 0.  Now iter() refuses, and a later
+    one gets the whole pass."""
+    dataset = SlowOnce(stall_s=6.0)
+    source = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=1,
+                                         persistent_workers=True)
+    features = torch.randn(8, 3)
+
+    def form(ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ids, None
+
+    with PingPongLoader(source, features, form=form, timeout=0.5) as loader:
+        assert [int(b.item) for b in loader] == list(range(8))
+        dataset.stall[0] = 1
+        with pytest.raises(pingpong.BatchTimeoutError):
+            for _batch in loader:
+                pass
+        dataset.stall[0] = 0  # read by the worker on its next item, not the stalled one
+        with pytest.raises(pingpong.SourceBusyError, match="persistent_workers=True"):
+            iter(loader)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                it = iter(loader)
+                break
+            except pingpong.SourceBusyError:
+                assert time.monotonic() < deadline
+        got = []
+        for batch in it:
+            assert torch.equal(batch.x, features[batch.item])
+            got.append(int(batch.item))
+    assert got == list(range(8))
+
+
 def test_rapid_reiteration_never_lets_an_old_producer_advance():
     """``iter()`` twice quickly, many times: once a new pass began, no older
     iterator of the source is advanced again, and every full pass is exact."""

@@ -85,8 +85,9 @@ class CSRGraph:
             ``[0, num_nodes)``.
         num_nodes: number of nodes (ids ``0 .. num_nodes - 1``).
 
-    Construction validates shapes and dtypes; :meth:`from_edges` also checks
-    id ranges.
+    Construction validates shapes, dtypes, that ``indptr`` never decreases and
+    that every id in ``indices`` lies in ``[0, num_nodes)`` (``ValueError`` /
+    ``TypeError`` / ``IndexError``), before any sampler reads them.
     """
 
     indptr: torch.Tensor
@@ -104,6 +105,14 @@ class CSRGraph:
             raise ValueError("CSRGraph.indptr must have num_nodes + 1 entries")
         if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.indices.shape[0]:
             raise ValueError("CSRGraph.indptr must run from 0 to len(indices)")
+        # The samplers' Numba loops index with these unchecked: check them here.
+        falls = torch.nonzero(self.indptr[1:] < self.indptr[:-1])
+        if falls.numel():
+            node = int(falls[0])
+            raise ValueError(
+                f"CSRGraph.indptr must be non-decreasing: node {node}'s in-edges would "
+                f"run from {int(self.indptr[node])} to {int(self.indptr[node + 1])}")
+        _check_range(self.indices, int(self.num_nodes), "CSRGraph.indices")
         object.__setattr__(self, "num_nodes", int(self.num_nodes))
 
     @property

@@ -106,7 +106,7 @@ class _KernelGather(GatherMode):
             self.sources[id(table)],
             device_ids,
             _interop.device_array(out_rows),
-            self.copy.numba_stream,
+            self.copy.kernel_stream(),
             max_blocks=self.max_blocks,
             positions=positions,
         )
@@ -152,13 +152,16 @@ class ZeroCopyGather(_KernelGather):
             rows = torch.empty((len(hot_ids), table.row_bytes), dtype=torch.uint8, device=device)
             slot_of = torch.from_numpy(build_slot_map(table.num_rows, hot_ids)).to(device)
         if len(hot_ids) and table.row_bytes:
-            gather_rows_cuda_unchecked(
-                self.sources[id(table)],
-                _interop.device_array(hot),
-                _interop.device_array(rows),
-                self.copy.numba_stream,
-                max_blocks=self.max_blocks,
-            )
+            from numba import cuda
+
+            with cuda.gpus[device.index]:  # any thread: the constructor's, an epoch's start
+                gather_rows_cuda_unchecked(
+                    self.sources[id(table)],
+                    _interop.device_array(hot),
+                    _interop.device_array(rows),
+                    self.copy.kernel_stream(),
+                    max_blocks=self.max_blocks,
+                )
         self.caches[id(table)] = (rows, slot_of)
 
     def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
@@ -174,7 +177,7 @@ class ZeroCopyGather(_KernelGather):
             _interop.device_array(slot_of),
             device_ids,
             _interop.device_array(out_rows),
-            self.copy.numba_stream,
+            self.copy.kernel_stream(),
             positions=positions,
             max_blocks=self.max_blocks,
         )

@@ -101,8 +101,20 @@ class CopyStream:
 
         torch.cuda.set_device(self.device)
         cuda.select_device(self.device.index)
+        self.kernel_stream()
+
+    def kernel_stream(self) -> Any:
+        """The copy stream as Numba's launches take it, made on first use in the
+        device's Numba context, on any thread.  A launch before any producer
+        started -- the cache built from ``hot_ids`` in the loader's constructor --
+        goes on the copy stream too: never on stream 0, which torch's streams
+        (non-blocking) are not ordered with."""
         if self.numba_stream is None:
-            self.numba_stream = _interop.numba_stream(self.stream)
+            from numba import cuda
+
+            with cuda.gpus[self.device.index]:
+                self.numba_stream = _interop.numba_stream(self.stream)
+        return self.numba_stream
 
     def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         with torch.cuda.stream(self.stream):
