@@ -102,6 +102,68 @@ def test_pinning_is_released_and_can_be_repeated():
     gc.collect()
 
 
+def test_a_view_inside_a_pinned_table_shares_its_registration():
+    """Found in review: a table starting inside a registered range was taken as
+    "pinned by someone else" (no count): closing the first loader unpinned it."""
+    from pingpong.kernels import _interop
+
+    features = torch.randn(N, 16)
+    inner = features[100:]  # starts 6400 bytes into the registered range
+    before = _interop.registered_count()
+    outer_loader = PingPongLoader(make_triples(N, 2), features, device="cuda", gather="zerocopy")
+    with PingPongLoader(make_triples(N - 100, 3), inner, device="cuda",
+                        gather="zerocopy") as inner_loader:
+        assert _interop.registered_count() == before + 1
+        outer_loader.close()  # the inner loader still counts on the registration
+        assert _interop.registered_count() == before + 1
+        for _ in range(2):
+            for batch, (ids, _o, _b) in zip(inner_loader, make_triples(N - 100, 3), strict=True):
+                assert _host_equal(batch.x, inner[ids])
+    assert _interop.registered_count() == before
+
+
+def test_a_table_overlapping_a_pinned_one_is_refused():
+    """A view registered first, then the whole tensor: the driver cannot register
+    its pages twice, and the view's mapping does not cover the rest."""
+    features = torch.randn(N, 16)
+    with PingPongLoader(make_triples(10, 2), features[:10], device="cuda", gather="zerocopy"):
+        with pytest.raises(pingpong.TableError, match="overlap"):
+            PingPongLoader(make_triples(N, 2), features, device="cuda", gather="zerocopy")
+
+
+def test_staged_gathers_with_torch_while_its_kernel_warms_up(monkeypatch):
+    """Found in review: ``staged`` called Numba's CPU gather at once, so a batch
+    that came while the warm-up compiled waited for the compiler."""
+    import threading
+    import time
+
+    from pingpong.devices import cpu as cpu_device
+    from pingpong.devices.cuda import _modes
+    from pingpong.kernels import cpu as cpu_kernels
+
+    started = threading.Event()
+
+    def endless_warm_up(tables: Any, should_stop: Any = None, **_kw: Any) -> list[Any]:
+        started.set()
+        while not should_stop():
+            time.sleep(0.005)
+        return []
+
+    def numba_must_not_run(*args: Any) -> None:
+        raise AssertionError("the Numba gather ran while the warm-up was in progress")
+
+    monkeypatch.setattr(_modes, "warm_up_cpu", endless_warm_up)
+    monkeypatch.setattr(cpu_kernels, "_ready", set())  # as in a fresh process
+    monkeypatch.setattr(cpu_device, "gather_rows_cpu_unchecked", numba_must_not_run)
+    features = torch.randn(N, 12).to(torch.bfloat16)
+    triples = make_triples(N, 6, max_inputs=700)
+    with PingPongLoader(triples, features, device="cuda", gather="staged") as loader:
+        assert started.wait(5)
+        for _ in range(2):
+            for batch, (ids, _o, _b) in zip(loader, triples, strict=True):
+                assert _host_equal(batch.x, features[ids])
+
+
 def test_already_pinned_table_is_used_as_is():
     from pingpong.kernels import _interop
 

@@ -69,6 +69,25 @@ def _arange(n: int) -> np.ndarray:
 _ARANGE = np.arange(4096, dtype=np.int64)
 
 
+def gather_host_rows(table: HostTable, ids: np.ndarray, out_rows: torch.Tensor,
+                     warm_up: WarmUpThread | None) -> None:
+    """``out_rows[:] = table.byte_rows[ids]``, ``out_rows`` a host byte-row tensor:
+    Numba's gather, or -- while ``warm_up`` is still loading the specialisation
+    it needs -- ``torch.index_select``: the same bytes, without waiting for the
+    compiler.  ``ids`` validated (:func:`pingpong._ids.host_ids`)."""
+    out_np = out_rows.numpy()
+    if (
+        warm_up is not None
+        and not warm_up.done.is_set()
+        and not gather_is_ready(table.byte_rows, ids, out_np)
+    ):
+        if len(ids):
+            index = torch.from_numpy(ids)  # contiguous and writeable (host_ids)
+            torch.index_select(byte_rows(table.tensor), 0, index, out=out_rows)
+        return
+    gather_rows_cpu_unchecked(table.byte_rows, ids, out_np)
+
+
 class CPUDevice(Device):
     """Host-memory slots; ``gather`` runs synchronously in the producer thread.
 
@@ -132,20 +151,7 @@ class CPUDevice(Device):
         return None
 
     def gather(self, table: HostTable, ids: np.ndarray, out: torch.Tensor) -> None:
-        out_rows = byte_rows(out)
-        out_np = out_rows.numpy()
-        warm_up = self._warm_up
-        if (
-            warm_up is not None
-            and not warm_up.done.is_set()
-            and not gather_is_ready(table.byte_rows, ids, out_np)
-        ):
-            # This specialisation is still being loaded: the same bytes, without a JIT.
-            if len(ids):
-                index = torch.from_numpy(ids)  # contiguous and writeable (host_ids)
-                torch.index_select(byte_rows(table.tensor), 0, index, out=out_rows)
-            return
-        gather_rows_cpu_unchecked(table.byte_rows, ids, out_np)
+        gather_host_rows(table, ids, byte_rows(out), self._warm_up)
 
     @property
     def supports_local_rows(self) -> bool:

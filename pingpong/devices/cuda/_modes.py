@@ -25,10 +25,10 @@ import torch
 from ...hotrows import build_slot_map
 from ...kernels import _interop, start_warm_up, warm_up_cpu
 from ...kernels._warmup import WarmUpThread
-from ...kernels.cpu import gather_rows_cpu_unchecked
 from ...kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked, warm_up_cuda
 from ...kernels.cuda_cached import gather_rows_cached_unchecked
 from ...store import FeatureStore, HostTable, byte_rows
+from ..cpu import gather_host_rows
 from ._streams import CopyStream, IdStager
 
 #: How long ``close()`` waits for a kernel warm-up's step in progress.
@@ -40,7 +40,10 @@ class GatherMode(abc.ABC):
 
     :meth:`attach` also starts a ``pingpong-warmup-N`` thread that compiles
     (or loads from Numba's disk cache) the kernels the mode will launch, so
-    the first batches do not wait for the compiler; :meth:`detach` stops it.
+    that the first batches need not wait for the compiler: ``staged``
+    gathers with torch until its CPU kernel is loaded; a CUDA kernel's
+    first launch waits for a compilation still in progress (Numba's
+    compiler lock).  :meth:`detach` stops it.
     """
 
     #: The ``gather=`` value this mode implements.
@@ -229,8 +232,10 @@ class StagedGather(GatherMode):
         self.warm_up = start_warm_up(lambda stop: warm_up_cpu(rows, should_stop=stop))
 
     def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
-        def fill(staging: torch.Tensor) -> None:
-            gather_rows_cpu_unchecked(table.byte_rows, ids, staging.numpy())
+        warm_up = self.warm_up
+
+        def fill(staging: torch.Tensor) -> None:  # while compiling: torch, not a wait
+            gather_host_rows(table, ids, staging, warm_up)
 
         self.copy.upload(id(table), len(ids), table.row_bytes, fill, out_rows)
 
