@@ -43,7 +43,7 @@ import torch
 
 from ._ids import TableIds
 from .devices.base import Device
-from .errors import ConfigError
+from .errors import ConfigError, IdRangeError
 from .hotrows import RowCounter, build_slot_map, rows_within
 from .store import FeatureStore, HostTable
 
@@ -160,6 +160,14 @@ def make_feature_cache(
         hot = np.asarray(hot_ids)
         if hot.ndim != 1 or (hot.size and not np.issubdtype(hot.dtype, np.integer)):
             raise ConfigError(f"hot_ids must be 1-D integers, got {hot.dtype} {hot.shape}")
-        hot = hot[:rows].astype(np.int64)
+        if hot.size == 0:
+            raise ConfigError(
+                "hot_ids is empty: it would cache nothing; leave it out to cache the "
+                "rows the first epoch gathers most")
+        hot = hot[:rows]
+        if hot.dtype.kind == "u" and int(hot.max()) > np.iinfo(np.int64).max:
+            raise IdRangeError(
+                f"hot id {int(hot.max())} is outside the table's {table.num_rows} rows")
+        hot = hot.astype(np.int64)
         build_slot_map(table.num_rows, hot)  # range and duplicates, before anything runs
     return FeatureCache(table, rows, hot)

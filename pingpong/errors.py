@@ -12,14 +12,18 @@ exception                          raised when
                                    (``TypeError``; the shape case is also a
                                    ``ValueError``); or, for
                                    ``heterogeneous=True``, not a dict by node
-                                   type (a node type that has a table but is
-                                   absent from a batch gets zero rows)
+                                   type where the loader has more than one
+                                   feature table (a node type that has a
+                                   table but is absent from a batch gets zero
+                                   rows)
 :class:`BatchFormError`            a source item has a form pingpong cannot
                                    read (``TypeError``); the message names
                                    what it saw and the forms it reads
 :class:`TableError`                a feature or label table cannot be used: not
                                    a tensor, 0-D, not on the host, not
-                                   contiguous, empty, mismatched lengths
+                                   contiguous, empty, mismatched lengths, a
+                                   lazy conjugate/negative view, keyed by a
+                                   node type the source's DGL graph lacks
                                    (``ValueError`` and ``TypeError``)
 :class:`ConfigError`               a loader argument is invalid (``ValueError``)
 :class:`GatherModeUnavailable`     the requested gather mode cannot run on this

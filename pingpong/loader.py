@@ -17,7 +17,7 @@ from ._epoch import Epoch, EpochIterator
 from ._lifecycle import LoaderCore
 from .cache import make_feature_cache
 from .devices import Device, make_device
-from .errors import ConfigError
+from .errors import ConfigError, TableError
 from .forms import FormCallable, ItemReader
 from .forms._dgl_dist import restartable_dgl_loader
 from .rowsource import RemoteTable, RowSource
@@ -211,6 +211,7 @@ class PingPongLoader(Iterable[Any]):
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
         )
+        _check_node_types(source, self._store)
         self._sample_ahead = (any(isinstance(t, RemoteTable) for t in self._store.all_tables)
                               if sample_ahead is None else sample_ahead)
         reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form)
@@ -373,6 +374,26 @@ def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
     if bad or not ids:
         raise ConfigError(f"producer_cpus must be one or more CPU ids (ints >= 0), got {ids!r}")
     return frozenset(int(c) for c in ids)
+
+
+def _check_node_types(source: Any, store: FeatureStore) -> None:
+    """With a source that knows its graph (DGL's ``DataLoader.graph``), a
+    heterogeneous store's table keys must be node types of it: a misspelt type
+    would otherwise get zero rows in every batch, silently.
+
+    Raises:
+        TableError: a feature or label table is keyed by a type the graph lacks.
+    """
+    ntypes = getattr(getattr(source, "graph", None), "ntypes", None)
+    if not store.heterogeneous or not isinstance(ntypes, (list, tuple)):
+        return
+    for what, tables in (("features", store.tables), ("labels", store.label_tables)):
+        for key in tables:
+            if key not in ntypes:
+                raise TableError(
+                    f"{what}[{key!r}]: the source's graph has no node type {key!r}; "
+                    f"its node types are {sorted(ntypes)}"
+                )
 
 
 def _shares_its_iterator(source: Any) -> bool:

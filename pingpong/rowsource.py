@@ -259,13 +259,20 @@ class RemoteTable:
             )
         if rows.device.type != "cpu":
             rows = rows.cpu()
-        return rows.contiguous()
+        # A lazily conjugated or negated view holds other bits than its values:
+        # the values, as source[ids] means them.
+        return rows.resolve_conj().resolve_neg().contiguous()
 
 
 def make_remote_table(value: Any, name: str) -> RemoteTable:
     """Validate a row source (``TableError`` naming what is wrong), with its local part
     (:func:`find_local_part`) if it has a usable one."""
-    shape = tuple(int(d) for d in value.shape)
+    try:
+        shape = tuple(int(d) for d in value.shape)
+    except TypeError:
+        raise TableError(
+            f"{name}.shape must be a sequence of ints, rows first; got {value.shape!r}"
+        ) from None
     dtype = value.dtype
     if not isinstance(dtype, torch.dtype):
         raise TableError(f"{name}.dtype must be a torch.dtype, got {dtype!r}")

@@ -81,28 +81,40 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
                 f"{name} is not contiguous (strides {value.strides}); pass "
                 f"np.ascontiguousarray({name}) -- pingpong does not copy tables implicitly"
             )
-        if value.flags.writeable:
-            value = torch.from_numpy(value)
-        else:
-            # A read-only array (np.load(..., mmap_mode="r")) is a valid table:
-            # pingpong only ever reads a table, which is what torch warns about.
-            # (catch_warnings swaps the process's warning filters: not thread-safe
-            # before Python 3.14, hence only here, once per read-only table.)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "The given NumPy array is not writable",
-                                        UserWarning)
-                value = torch.from_numpy(value)
+        value = _from_numpy(value, name)
     if not isinstance(value, torch.Tensor):
         raise TableError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return value
+
+
+def _from_numpy(array: np.ndarray, name: str) -> torch.Tensor:
+    """``torch.from_numpy`` (no copy); ``TableError`` for a dtype or byte order torch lacks."""
+    try:
+        if array.flags.writeable:
+            return torch.from_numpy(array)
+        # A read-only array (np.load(..., mmap_mode="r")) is a valid table:
+        # pingpong only ever reads a table, which is what torch warns about.
+        # (catch_warnings swaps the process's warning filters: not thread-safe
+        # before Python 3.14, hence only here, once per read-only table.)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable",
+                                    UserWarning)
+            return torch.from_numpy(array)
+    except (TypeError, ValueError) as exc:
+        raise TableError(
+            f"{name}: torch cannot read a NumPy array of dtype {array.dtype.str!r} in "
+            f"place ({exc}); convert it (e.g. astype with a native-order numeric dtype)"
+        ) from exc
 
 
 def make_host_table(value: Any, name: str) -> HostTable:
     """Validate ``value`` as a host table and wrap it (no copy).
 
     Raises:
-        TableError: not a tensor, 0-D, empty, sparse, not on the CPU, or not
-            C-contiguous (pingpong never silently copies a feature table).
+        TableError: not a tensor, 0-D, empty, sparse, not on the CPU, not
+            C-contiguous, a lazily conjugated/negated view, or a NumPy array
+            torch cannot read in place (pingpong never silently copies a
+            feature table).
     """
     tensor = _as_tensor(value, name)
     if tensor.layout != torch.strided:
@@ -120,6 +132,12 @@ def make_host_table(value: Any, name: str) -> HostTable:
         raise TableError(
             f"{name} is not contiguous (strides {tensor.stride()}); pass "
             f"{name}.contiguous() -- pingpong does not copy tables implicitly"
+        )
+    if tensor.is_conj() or tensor.is_neg():
+        raise TableError(
+            f"{name} is a lazily conjugated or negated view, whose memory holds other "
+            f"values; pass {name}.resolve_conj().resolve_neg() -- pingpong does not copy "
+            "tables implicitly"
         )
     if tensor.requires_grad:
         tensor = tensor.detach()

@@ -108,6 +108,10 @@ def test_bad_id_never_reaches_the_slot():
         (torch.randn(N, 4), torch.arange(N)[::2], "labels is not contiguous"),
         (torch.randn(N, 4), torch.arange(N - 1), "labels has 99 rows"),
         (torch.randn(N, 4).to_sparse(), None, "dense"),
+        (torch.randn(N, 2, dtype=torch.complex64).conj(), None, "lazily conjugated"),
+        (torch._neg_view(torch.randn(N, 2)), None, "lazily conjugated or negated"),
+        (np.zeros((N, 2), dtype=">f4"), None, "cannot read a NumPy array of dtype '>f4'"),
+        (np.array([[object()]] * N), None, "cannot read a NumPy array of dtype '|O'"),
     ],
     ids=lambda v: repr(v)[:24],
 )

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from conftest import make_triples, same_bits
@@ -156,6 +157,10 @@ def test_labels_duplicates_and_empty_batches_are_exact_in_every_epoch():
         ({"cache_bytes": 64, "hot_ids": torch.tensor([1, 1])}, TableError, "distinct"),
         ({"cache_bytes": 64, "hot_ids": torch.tensor([[1]])}, ConfigError, "1-D"),
         ({"cache_bytes": 64, "hot_ids": torch.tensor([1.0])}, ConfigError, "1-D"),
+        ({"cache_bytes": 64, "hot_ids": torch.tensor([], dtype=torch.int64)}, ConfigError,
+         "hot_ids is empty"),
+        ({"cache_bytes": 64, "hot_ids": np.array([2**63 + 5], dtype=np.uint64)}, IdRangeError,
+         "hot id 9223372036854775813 is outside"),
     ],
 )
 def test_bad_cache_arguments_are_refused_at_construction(kwargs, error, match):

@@ -318,6 +318,26 @@ def test_dgl_graph_of_one_node_type_and_two_edge_types(device_kind: str) -> None
             assert torch.equal(torch.cat(seeds).sort().values, torch.arange(100))
 
 
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+@pytest.mark.parametrize("where", ["features", "labels"])
+def test_a_table_keyed_by_a_type_the_graph_lacks_is_refused(mag_like: Any, where: str) -> None:
+    """A misspelt type would get zero rows in every batch: DGL's loader knows its graph."""
+    import dgl
+
+    features, labels = tables()
+    tables_by_kind = {"features": features, "labels": labels}
+    tables_by_kind[where]["Paper"] = tables_by_kind[where].pop("paper")
+    if where == "features":
+        labels = {}
+    source = dgl.dataloading.DataLoader(
+        mag_like, {"paper": torch.arange(40)}, dgl.dataloading.NeighborSampler([2]), batch_size=16)
+    with pytest.raises(pingpong.TableError,
+                       match=rf"{where}\['Paper'\]: the source's graph has no node type 'Paper'; "
+                             r"its node types are \['author', 'field', 'paper'\]"):
+        PingPongLoader(source, features, labels or None, heterogeneous=True)
+
+
 def test_plain_ids_with_several_tables_are_refused() -> None:
     features, _ = tables()
     with PingPongLoader([(torch.arange(3), {}, None)], features, heterogeneous=True) as loader:

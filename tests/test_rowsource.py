@@ -194,6 +194,23 @@ def test_a_stuck_fetch_honours_timeout_and_close_does_not_wait_for_it():
         source.gate.set()
 
 
+def test_conjugated_rows_from_a_source_arrive_as_their_values():
+    """``source[ids]`` may be a lazy view (``.conj()``): the batch holds its values."""
+    table = torch.complex(make_table(N, (3,)), make_table(N, (3,)).flip(0))
+
+    class Conjugating:
+        shape, dtype = tuple(table.shape), table.dtype
+
+        def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+            return table[ids].conj()
+
+    triples = seq_triples(N, 3)
+    with PingPongLoader(triples, Conjugating()) as loader:
+        for batch, (ids, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, table[ids].conj())
+            assert not batch.x.is_conj()
+
+
 def test_a_fetch_of_the_wrong_dtype_is_a_table_error():
     source = Rows(make_table(N, (2,)))
     source.result_dtype = torch.float64
@@ -209,8 +226,10 @@ def test_a_fetch_of_the_wrong_dtype_is_a_table_error():
                               "__getitem__": lambda self, i: None})(), "torch.dtype"),
         (type("Empty", (), {"shape": (0, 2), "dtype": torch.float32,
                             "__getitem__": lambda self, i: None})(), "empty"),
+        (type("IntShape", (), {"shape": 3, "dtype": torch.float32,
+                               "__getitem__": lambda self, i: None})(), "sequence of ints"),
     ],
-    ids=["dtype-not-torch", "empty"],
+    ids=["dtype-not-torch", "empty", "int-shape"],
 )
 def test_bad_row_sources_are_refused_at_construction(bad: Any, needle: str):
     with pytest.raises(pingpong.TableError, match=needle):
