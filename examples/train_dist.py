@@ -87,7 +87,17 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 if str(EXAMPLES) not in sys.path:  # sage_model, also when imported by tests/benchmarks
     sys.path.insert(0, str(EXAMPLES))
 
-from _args import fanout_list  # noqa: E402
+from _args import (  # noqa: E402
+    FANOUTS_HOW,
+    buffer_count,
+    check_json_target,
+    fanout_list,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
 from _stacks import ANSWERED_DIR_ENV, answer_stack_requests, request_stacks  # noqa: E402
 from sage_model import SAGE  # noqa: E402
 
@@ -114,27 +124,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loader", choices=["pingpong", "sync"], default="pingpong",
                    help="pingpong: PingPongLoader over DistNodeDataLoader with DistTensor "
                         "rows; sync: the plain loop pulling feat[input_nodes] inline")
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=500)
-    p.add_argument("--fanouts", type=fanout_list, default=[10, 5])
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--lr", type=float, default=5e-3)
-    p.add_argument("--num-buffers", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--epochs", type=positive_int, default=4)
+    p.add_argument("--batch-size", type=positive_int, default=500)
+    p.add_argument("--fanouts", type=fanout_list, default=[10, 5], help=FANOUTS_HOW)
+    p.add_argument("--hidden", type=positive_int, default=64)
+    p.add_argument("--dropout", type=probability, default=0.5)
+    p.add_argument("--lr", type=positive_float, default=5e-3)
+    p.add_argument("--num-buffers", type=buffer_count, default=2)
+    p.add_argument("--timeout", type=positive_float, default=120.0,
                    help="pingpong: raise BatchTimeoutError after this many seconds "
                         "without a batch (a server that stopped answering)")
-    p.add_argument("--fetch-delay-ms", type=float, default=0.0,
+    p.add_argument("--fetch-delay-ms", type=non_negative_float, default=0.0,
                    help="sleep this long in every feature/label pull (both loaders), "
                         "emulating a network")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per trainer")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per trainer")
     # the graph (the launcher partitions it; trainers read its sizes)
-    p.add_argument("--num-nodes", type=int, default=40_000)
-    p.add_argument("--feat-dim", type=int, default=128)
-    p.add_argument("--num-classes", type=int, default=16)
-    p.add_argument("--avg-degree", type=float, default=15.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--num-parts", type=int, default=2,
+    p.add_argument("--num-nodes", type=positive_int, default=40_000)
+    p.add_argument("--feat-dim", type=positive_int, default=128)
+    p.add_argument("--num-classes", type=positive_int, default=16)
+    p.add_argument("--avg-degree", type=positive_float, default=15.0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--num-parts", type=positive_int, default=2,
                    help="partitions = servers = trainers (one each per partition)")
     p.add_argument("--part-dir", type=Path, default=None,
                    help="partition here (reused when it already holds this graph); "
@@ -144,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     # the local launch
     p.add_argument("--log-dir", type=Path, default=None,
                    help="keep the servers' logs here (default: shown only on failure)")
-    p.add_argument("--job-timeout", type=float, default=0.0,
+    p.add_argument("--job-timeout", type=non_negative_float, default=0.0,
                    help="stop everything after this many seconds (0: no limit); each "
                         "process still running first writes its Python stacks")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -1029,8 +1039,11 @@ def launcher_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     role = os.environ.get("DGL_ROLE")
+    if role is None:
+        check_json_target(parser, args.json)
     if role is not None:
         answer_stack_requests()  # the launcher's dump_stacks asks before a stop
     if role == "server":

@@ -65,7 +65,16 @@ from torch.nn import functional as F
 if importlib.util.find_spec("pingpong") is None:  # running from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _args import fanout_list, non_negative_int, positive_float, positive_int, probability
+from _args import (
+    FANOUTS_HOW,
+    buffer_count,
+    check_json_target,
+    fanout_list,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
 from sage_model import SAGE
 
 import pingpong
@@ -91,13 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "index_select gather (the A/B baseline)")
     p.add_argument("--gather", choices=["auto", "cpu", "zerocopy", "staged", "device"],
                    default="auto", help="pingpong gather mode")
-    p.add_argument("--num-buffers", type=positive_int, default=2)
+    p.add_argument("--num-buffers", type=buffer_count, default=2)
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--batch-size", type=positive_int, default=512,
                    help="positive edges per training batch")
     p.add_argument("--eval-batch-size", type=positive_int, default=1024)
     p.add_argument("--fanouts", type=fanout_list, default=[10, 5],
-                   help="comma-separated, outermost layer first (default 10,5)")
+                   help="comma-separated, outermost layer first (default 10,5); "
+                        + FANOUTS_HOW)
     p.add_argument("--num-negs", type=positive_int, default=1,
                    help="corrupted tails per positive edge in training (Uniform)")
     p.add_argument("--eval-num-negs", type=positive_int, default=20,
@@ -485,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     _import_dgl_or_exit(parser)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available on this machine")
+    if args.device == "cpu" and args.gather in ("zerocopy", "staged", "device"):
+        parser.error(f"--gather {args.gather} needs --device cuda (on the CPU: auto or cpu)")
+    check_json_target(parser, args.json)
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
     device = torch.device(args.device)
     try:

@@ -35,6 +35,17 @@ from torch.nn import functional as F
 if importlib.util.find_spec("pingpong") is None:  # running from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _args import (
+    FANOUTS_HOW,
+    buffer_count,
+    check_json_target,
+    fanout_list,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
+
 import pingpong
 
 
@@ -68,12 +79,16 @@ def make_mag_like(num_papers: int, num_authors: int, num_fields: int, feat_dim: 
 
     def same_class_pick(owner_class: torch.Tensor, pool_class: torch.Tensor,
                         pool_size: int, p_same: float) -> torch.Tensor:
-        """For each owner, a pool member of its class with probability p_same, else any."""
+        """For each owner, a pool member of its class with probability p_same, else any
+        (any, too, where the pool has no member of the owner's class: a pool smaller
+        than ``num_classes``)."""
         any_pick = torch.randint(0, pool_size, owner_class.shape, generator=gen)
         members = [torch.nonzero(pool_class == c, as_tuple=True)[0] for c in range(num_classes)]
-        same = torch.empty_like(any_pick)
+        same = any_pick.clone()
         for c in range(num_classes):
             mask = owner_class == c
+            if len(members[c]) == 0:
+                continue
             choice = torch.randint(0, len(members[c]), (int(mask.sum()),), generator=gen)
             same[mask] = members[c][choice]
         keep_same = torch.rand(owner_class.shape, generator=gen) < p_same
@@ -244,19 +259,21 @@ def train(args: argparse.Namespace, data: HeteroData) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="R-GCN on a heterogeneous graph through pingpong.")
     p.add_argument("--loader", choices=["pingpong", "dgl"], default="pingpong")
-    p.add_argument("--num-papers", type=int, default=30_000)
-    p.add_argument("--num-authors", type=int, default=10_000)
-    p.add_argument("--num-fields", type=int, default=64)
-    p.add_argument("--feat-dim", type=int, default=128)
-    p.add_argument("--num-classes", type=int, default=8)
-    p.add_argument("--fanouts", type=lambda s: [int(v) for v in s.split(",")], default=[10, 10])
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--dropout", type=float, default=0.2)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--num-buffers", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-papers", type=positive_int, default=30_000)
+    p.add_argument("--num-authors", type=positive_int, default=10_000)
+    p.add_argument("--num-fields", type=positive_int, default=64)
+    p.add_argument("--feat-dim", type=positive_int, default=128)
+    p.add_argument("--num-classes", type=positive_int, default=8)
+    p.add_argument("--fanouts", type=fanout_list, default=[10, 10],
+                   help="comma-separated, outermost layer first (default 10,10); "
+                        + FANOUTS_HOW)
+    p.add_argument("--batch-size", type=positive_int, default=1024)
+    p.add_argument("--hidden", type=positive_int, default=64)
+    p.add_argument("--dropout", type=probability, default=0.2)
+    p.add_argument("--lr", type=positive_float, default=0.01)
+    p.add_argument("--epochs", type=positive_int, default=3)
+    p.add_argument("--num-buffers", type=buffer_count, default=2)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
     return p
 
@@ -266,10 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if importlib.util.find_spec("dgl") is None:
         parser.error("this example needs DGL (heterogeneous sampling)")
-    for name in ("num_papers", "num_authors", "num_fields", "feat_dim", "num_classes",
-                 "batch_size", "hidden", "epochs", "num_buffers"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
+    check_json_target(parser, args.json)
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
     data = make_mag_like(args.num_papers, args.num_authors, args.num_fields, args.feat_dim,
                          args.num_classes, args.seed)

@@ -69,7 +69,16 @@ from torch.nn import functional as F
 if importlib.util.find_spec("pingpong") is None:  # running from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _args import fanout_list, non_negative_int, positive_float, positive_int, probability
+from _args import (
+    FANOUTS_HOW,
+    buffer_count,
+    check_json_target,
+    fanout_list,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+)
 from sage_model import MLP, SAGE
 
 import pingpong
@@ -104,12 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-bytes", type=non_negative_int, default=0,
                    help="zerocopy on CUDA: bytes of GPU memory for the hottest feature rows "
                         "(learned in the first epoch; pingpong.cache)")
-    p.add_argument("--num-buffers", type=positive_int, default=2)
+    p.add_argument("--num-buffers", type=buffer_count, default=2)
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--batch-size", type=positive_int, default=1024)
     p.add_argument("--eval-batch-size", type=positive_int, default=4096)
     p.add_argument("--fanouts", type=fanout_list, default=[15, 10, 5],
-                   help="comma-separated, outermost layer first (default 15,10,5)")
+                   help="comma-separated, outermost layer first (default 15,10,5); "
+                        + FANOUTS_HOW)
     p.add_argument("--hidden", type=positive_int, default=128)
     p.add_argument("--dropout", type=probability, default=0.5)
     p.add_argument("--lr", type=positive_float, default=3e-3)
@@ -192,7 +202,13 @@ def _split_from_masks(g: Any, labels: torch.Tensor, seed: int) -> tuple[torch.Te
     if all(f"{s}_mask" in g.ndata for s in ("train", "val", "test")):
         return tuple(torch.nonzero(g.ndata[f"{s}_mask"], as_tuple=True)[0]
                      for s in ("train", "val", "test"))
-    perm = torch.randperm(labels.shape[0], generator=torch.Generator().manual_seed(seed))
+    # no masks: a seeded 60/20/20 split of the labelled nodes (a label < 0 marks
+    # a node without one, as in OGB's files)
+    labelled = torch.nonzero(labels >= 0, as_tuple=True)[0]
+    if len(labelled) == 0:
+        raise ValueError("no node has a label (every ndata['label'] is negative)")
+    order = torch.randperm(len(labelled), generator=torch.Generator().manual_seed(seed))
+    perm = labelled[order]
     n_train, n_val = int(0.6 * len(perm)), int(0.2 * len(perm))
     return (perm[:n_train].sort().values, perm[n_train:n_train + n_val].sort().values,
             perm[n_train + n_val:].sort().values)
@@ -953,6 +969,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--graph needs DGL to read dgl.save_graphs files")
     if args.num_workers and args.sampler != "dgl":
         parser.error("--num-workers applies to --sampler dgl only")
+    if args.device == "cpu" and args.gather in ("zerocopy", "staged", "device"):
+        parser.error(f"--gather {args.gather} needs --device cuda (on the CPU: auto or cpu)")
+    check_json_target(parser, args.json)
     if args.amp == "fp16" and args.device == "cpu":
         parser.error("--amp fp16 needs --device cuda (use --amp bf16 on the CPU)")
     if args.sort_ids != "auto" and (args.device != "cuda" or args.gather in ("cpu", "staged")):

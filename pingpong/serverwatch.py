@@ -16,10 +16,12 @@ It is checked
 - on the producer thread before every step of the source and every
   row-source fetch;
 - before every message DGL sends, from any thread: while a watch is open,
-  ``dgl.distributed.rpc.send_rpc_message`` (the one function every DGL RPC
-  request goes through, documented to raise ``ConnectionError``) checks the
-  open watches first -- so no request is handed to DGL's sender thread once
-  a server's death is visible;
+  ``dgl.distributed.rpc.send_rpc_message`` (which every request of DGL's RPC
+  layer goes through, documented to raise ``ConnectionError``) and
+  ``dgl.distributed.rpc.fast_pull`` (a ``DistTensor`` pull, which sends its
+  requests from C++ without the former) check the open watches first -- so
+  no request is handed to DGL's sender thread once a server's death is
+  visible;
 - on the training thread every ``POLL_S`` while ``next()`` waits (a pull
   already in flight to a dead server never returns).
 
@@ -87,7 +89,9 @@ class ServerWatch:
     keeps a duplicate file descriptor of each, so it reads the state of the
     very socket the RPC library uses even if that library closes its own
     descriptor and the number is reused.  Thread-safe; :meth:`close` is
-    idempotent, after it :meth:`check` does nothing.
+    idempotent.  After it :meth:`check` reads no connection: it raises again a
+    loss it saw before the close, and sees no later one -- ask it while the
+    loader is open.
     """
 
     def __init__(self, watched: list[tuple[Server, socket.socket]]) -> None:
@@ -131,11 +135,13 @@ class ServerWatch:
     def check(self) -> None:
         """Raise :class:`~pingpong.errors.ServerGoneError` if a watched connection is no
         longer ESTABLISHED (its server closed it or reset it); the same error again
-        on every later call."""
+        on every later call, after :meth:`close` too.  Once closed it reads no
+        connection: a loss it had not seen by then goes unreported."""
         self.check_if_open()
 
     def check_if_open(self) -> bool:
-        """:meth:`check`; returns False, having checked nothing, once :meth:`close` ran."""
+        """:meth:`check`; returns False once :meth:`close` ran (having read no
+        connection, but raised a loss seen before the close)."""
         with self._lock:
             is_open = not self._closed
             if self._gone is None and is_open:
@@ -267,24 +273,32 @@ def _set_open(watches: tuple[ServerWatch, ...]) -> None:
     _guarding = tuple(tuple(group) for group in groups.values())
 
 
-def _guard_dgl_sends(watch: ServerWatch) -> None:
-    """Check ``watch`` before every DGL RPC message until it is closed.
+#: The functions of ``dgl.distributed.rpc`` that hand a request to DGL's sender
+#: thread: ``send_rpc_message`` (every request and response of the RPC layer) and
+#: ``fast_pull`` (a ``DistTensor`` pull of remote rows, which builds and sends its
+#: requests in C++ without the former). Both are called through the module's
+#: globals (``rpc.fast_pull`` from ``kvstore``), so replacing them there guards them.
+GUARDED_DGL_SENDS = ("send_rpc_message", "fast_pull")
 
-    Wraps ``dgl.distributed.rpc.send_rpc_message`` once per process (every
-    request and response of DGL's RPC layer calls it through the module's
-    globals); the wrapper checks the open watches, then sends.  Where a DGL
-    version has no such function nothing is wrapped and the loader's own
-    checks remain.
+
+def _guard_dgl_sends(watch: ServerWatch) -> None:
+    """Check ``watch`` before every DGL RPC send until it is closed.
+
+    Wraps each of :data:`GUARDED_DGL_SENDS` in ``dgl.distributed.rpc`` once per
+    process; the wrapper checks the open watches, then calls DGL's function.
+    Where a DGL version lacks one of them it is not wrapped (logged) and the
+    loader's own checks remain.
     """
     from dgl.distributed import rpc
 
     with _guard_lock:
-        send = getattr(rpc, "send_rpc_message", None)
-        if send is None:
-            logger.info("dgl.distributed.rpc has no send_rpc_message: DGL's sends are not "
-                        "guarded, only the loader's calls")
-        elif not getattr(send, "pingpong_guarded", False):
-            rpc.send_rpc_message = _guarded(send)
+        for name in GUARDED_DGL_SENDS:
+            send = getattr(rpc, name, None)
+            if send is None:
+                logger.info("dgl.distributed.rpc has no %s: it is not guarded, only the "
+                            "loader's calls and DGL's other sends", name)
+            elif not getattr(send, "pingpong_guarded", False):
+                setattr(rpc, name, _guarded(send))
         _set_open((*_open, watch))
 
 
@@ -293,16 +307,22 @@ def _unguard(watch: ServerWatch) -> None:
         _set_open(tuple(w for w in _open if w is not watch))
 
 
-def _guarded(send: Any) -> Any:
-    @functools.wraps(send)
-    def send_rpc_message(msg: Any, target: Any) -> Any:
-        for group in _guarding:
-            for watch in group:
-                # ServerGoneError, a ConnectionError as DGL documents; a watch closed
-                # since _guarding was read checks nothing: the next one of its group does
-                if watch.check_if_open():
-                    break
-        return send(msg, target)
+def _check_open_watches() -> None:
+    """Check each set of watched connections once (see :data:`_guarding`)."""
+    for group in _guarding:
+        for watch in group:
+            # ServerGoneError, a ConnectionError as DGL documents; a watch closed
+            # since _guarding was read checks nothing: the next one of its group does
+            if watch.check_if_open():
+                break
 
-    send_rpc_message.pingpong_guarded = True  # type: ignore[attr-defined]
-    return send_rpc_message
+
+def _guarded(send: Any) -> Any:
+    """``send`` preceded by :func:`_check_open_watches`."""
+    @functools.wraps(send)
+    def guarded_send(*args: Any, **kwargs: Any) -> Any:
+        _check_open_watches()
+        return send(*args, **kwargs)
+
+    guarded_send.pingpong_guarded = True  # type: ignore[attr-defined]
+    return guarded_send

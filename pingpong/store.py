@@ -256,7 +256,11 @@ def _check_same_rows(tables: dict[str | None, Table]) -> int:
     """The common row count of homogeneous feature tables (``TableError`` if they differ)."""
     row_counts = {t.name: t.num_rows for t in tables.values()}
     if len(set(row_counts.values())) != 1:
-        raise TableError(f"feature tables have different numbers of rows: {row_counts}")
+        raise TableError(
+            f"feature tables have different numbers of rows: {row_counts}; a dict of "
+            "features is several features of the same nodes -- if its keys are node "
+            "types, pass heterogeneous=True"
+        )
     return next(iter(row_counts.values()))
 
 

@@ -549,6 +549,25 @@ def test_server_killed_while_a_trainer_is_in_ddp_all_reduce(
     assert second["steps"] == first["steps"]  # its last step is the one that failed
 
 
+def test_a_pull_of_the_trainers_own_after_a_server_died_raises_server_gone(
+        part_dir: Path, tmp_path: Path) -> None:
+    """A ``DistTensor`` pull the training loop makes itself (in ``rpc_turn()``) once
+    the loader's watch has seen server 1 die: ServerGoneError naming it, not a trainer
+    aborted by DGL's sender thread (SIGABRT) -- the pull goes through DGL's
+    ``rpc.fast_pull``, which the watch guards as it guards ``send_rpc_message``."""
+    job, ranks = run_job("server-kill-own-pull", tmp_path, part_dir)
+    ends = assert_killed_once_and_trainers_raised(job, ranks, tmp_path)
+    for rank, end in ends.items():
+        report = ranks[int(rank)]
+        assert report["watch_saw_loss"], report
+        assert report["exception"] == "ServerGoneError", report
+        assert report["message"].startswith("DGL server 1 at 127.0.0.1:"), report
+        assert report["cause"] is None, report
+        assert report["steps"] > 0
+        assert end["after_disturbance_s"] < 10.0
+    assert_watched_both_servers(ranks)
+
+
 def dgl_has_tensorpipe() -> bool:
     """The example's answer (``train_dist.dgl_has_tensorpipe``): whether this DGL has
     the tensorpipe RPC backend. Loads the example as a module (harmless in this

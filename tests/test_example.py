@@ -194,7 +194,11 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Any:
     ["--epochs", "0"], ["--batch-size", "-3"], ["--gather", "gpu"], ["--amp", "fp8"],
     ["--feat-dtype", "int8"], ["--lr", "0"], ["--dropout", "1.5"], ["--no-such-flag"],
     ["--nprocs", "0"], ["--cache-bytes", "1024"], ["--cache-bytes", "-1"],
-    ["--graph-kind", "rmat"],
+    ["--graph-kind", "rmat"], ["--num-buffers", "1"],
+    # a GPU gather mode on the CPU; a --json file in a folder that does not exist
+    # (refused before training, not after it)
+    ["--gather", "zerocopy"], ["--gather", "staged"], ["--gather", "device"],
+    ["--json", "/no/such/folder/run.json"],
 ])
 def test_bad_flags_are_argparse_errors(script: Any, argv: list[str],
                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -205,7 +209,31 @@ def test_bad_flags_are_argparse_errors(script: Any, argv: list[str],
 
 
 def test_fanouts_parse(script: Any) -> None:
-    assert script.build_parser().parse_args(["--fanouts", "15,10,-1"]).fanouts == [15, 10, -1]
+    parser = script.build_parser()
+    assert parser.parse_args(["--fanouts", "15,10,-1"]).fanouts == [15, 10, -1]
+    assert parser.parse_args(["--fanouts=-1,10"]).fanouts == [-1, 10]  # as the help says
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="DGL is not installed")
+def test_a_graph_without_masks_is_split_among_its_labelled_nodes(script: Any) -> None:
+    """``--graph`` with no train/val/test masks: the seeded 60/20/20 split takes only
+    nodes with a label (>= 0; OGB marks the others -1), which cross-entropy needs."""
+    import dgl
+    import torch
+
+    g = dgl.graph(([0, 1], [1, 2]), num_nodes=100)
+    labels = torch.arange(100) % 3
+    labels[::4] = -1  # 25 unlabelled nodes
+    train, val, test = script._split_from_masks(g, labels, seed=0)
+    chosen = torch.cat([train, val, test])
+    assert sorted(chosen.tolist()) == torch.nonzero(labels >= 0).flatten().tolist()
+    assert (len(train), len(val), len(test)) == (45, 15, 15)
+    assert (labels[chosen] >= 0).all()
+    again = script._split_from_masks(g, labels, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(again, (train, val, test), strict=True))
+    with pytest.raises(ValueError, match="no node has a label"):
+        script._split_from_masks(g, torch.full((100,), -1), seed=0)
 
 
 def test_unloadable_dataset_is_one_line(script: Any, tmp_path: Path,

@@ -113,3 +113,22 @@ def test_link_without_dgl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
     assert "needs DGL" in err, err
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+@pytest.mark.parametrize("argv", [
+    ["--num-buffers", "1"], ["--gather", "zerocopy"], ["--gather", "device"],
+    ["--json", "/no/such/folder/run.json"], ["--fanouts", "10,0"],
+])
+def test_link_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused by the parser, before any training: one slot (ping-pong needs two), a
+    GPU gather mode on the CPU, a ``--json`` file in a missing folder."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_link
+
+    with pytest.raises(SystemExit) as exc:
+        train_link.main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err

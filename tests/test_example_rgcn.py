@@ -41,3 +41,37 @@ def test_rgcn_without_dgl_is_a_clear_error(tmp_path: Path,
     assert exc.value.code == 2
 
 
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+@pytest.mark.parametrize("argv", [
+    ["--num-buffers", "1"], ["--fanouts", "10,0"], ["--dropout", "1.5"], ["--lr", "0"],
+    ["--epochs", "0"], ["--json", "/no/such/folder/run.json"],
+])
+def test_rgcn_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rgcn
+
+    with pytest.raises(SystemExit) as exc:
+        train_rgcn.main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+def test_fewer_fields_and_authors_than_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node type with fewer nodes than ``--num-classes`` (3 fields, 5 authors, 8
+    classes): classes that type lacks link to any of its nodes, instead of the
+    generator failing on an empty pool."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rgcn
+
+    data = train_rgcn.make_mag_like(400, 5, 3, 8, 8, 0)
+    assert [data.graph.num_nodes(t) for t in ("paper", "author", "field")] == [400, 5, 3]
+    _, fields = data.graph.edges(etype="in_field")
+    _, papers = data.graph.edges(etype="writes")
+    assert int(fields.max()) < 3
+    assert len(papers) == 3 * 400

@@ -339,7 +339,7 @@ def _graphbolt() -> Any:
 
 
 def _graphbolt_pipeline(gb: Any, seeds: torch.Tensor, *, fetch: bool = False,
-                        item_labels: bool = False) -> Any:
+                        item_labels: bool = False, copy_to: str | None = None) -> Any:
     g = _graph()
     graph = gb.from_dglgraph(g, is_homogeneous=True)
     if item_labels:
@@ -352,6 +352,8 @@ def _graphbolt_pipeline(gb: Any, seeds: torch.Tensor, *, fetch: bool = False,
         store = gb.BasicFeatureStore(
             {("node", None, "feat"): gb.TorchBasedFeature(FEATURES)})
         pipe = pipe.fetch_feature(store, node_feature_keys=["feat"])
+    if copy_to is not None:
+        pipe = pipe.copy_to(copy_to)
     return gb.DataLoader(pipe)
 
 
@@ -386,6 +388,25 @@ def test_graphbolt_item_set_labels_pass_through():
         for minibatch in loader:
             assert torch.equal(minibatch.node_features["feat"], FEATURES[minibatch.input_nodes])
             assert torch.equal(minibatch.labels, LABELS[minibatch.seed_nodes])
+
+
+@pytest.mark.parametrize("copy_to", ["cpu", "cuda"])
+def test_graphbolt_pipeline_with_a_copy_to_stage(copy_to: str) -> None:
+    """A ``copy_to`` stage is allowed (docs/guide.rst): the MiniBatch arrives with its
+    ids on that device, and its features and labels are still the tables' rows."""
+    gb = _graphbolt()
+    if copy_to == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    seeds = torch.arange(0, NUM_NODES, 3)
+    source = _graphbolt_pipeline(gb, seeds, copy_to=copy_to)
+    seen = []
+    with PingPongLoader(source, FEATURES, LABELS, device=copy_to) as loader:
+        for minibatch in loader:
+            ids = minibatch.input_nodes.cpu()
+            assert torch.equal(minibatch.node_features["feat"].cpu(), FEATURES[ids])
+            assert torch.equal(minibatch.labels.cpu(), LABELS[minibatch.seed_nodes.cpu()])
+            seen.append(minibatch.seed_nodes.cpu())
+    assert torch.equal(torch.cat(seen).sort().values, seeds)
 
 
 def test_graphbolt_pipeline_that_fetches_features_is_refused():

@@ -219,6 +219,16 @@ def test_dict_labels_on_a_homogeneous_loader_point_at_heterogeneous_true() -> No
         PingPongLoader([], torch.randn(5, 2), {"paper": torch.arange(5)})
 
 
+def test_per_type_features_on_a_homogeneous_loader_point_at_heterogeneous_true() -> None:
+    """A dict of tables keyed by node type, ``heterogeneous=True`` forgotten: their row
+    counts differ, and the error says what the dict was taken for and what to pass."""
+    features = {"paper": torch.randn(5, 2), "author": torch.randn(3, 2)}
+    with pytest.raises(pingpong.TableError,
+                       match=r"different numbers of rows: .*'paper'.*: 5.*'author'.*: 3.*"
+                             r"heterogeneous=True"):
+        PingPongLoader([], features)
+
+
 # --------------------------------------------------------------------------- DGL
 @pytest.fixture(scope="module")
 def mag_like() -> Any:

@@ -127,7 +127,29 @@ def test_close_drops_only_the_watch_descriptors() -> None:
         assert served.recv(10) == b"still open"
         served.close()
         time.sleep(0.05)
-        watch.check()  # closed: checks nothing any more
+        watch.check()  # closed: reads no connection any more
+
+
+@needs_tcp_info
+def test_after_close_a_loss_seen_before_is_still_raised() -> None:
+    """The documented contract after close(): a loss the watch saw while open is
+    raised again (a DDP trainer may ask after its loader closed); one it had not
+    seen goes unreported, since the watch reads no connection any more."""
+    with connected_pair() as (_, served, port), connected_pair() as (_, served2, port2):
+        seen = ServerWatch.of_connections([Server("s", "127.0.0.1", port)])
+        unseen = ServerWatch.of_connections([Server("t", "127.0.0.1", port2)])
+        served.close()
+        wait_until_gone(seen)
+        seen.close()
+        unseen.close()
+        served2.close()
+        time.sleep(0.05)
+        with pytest.raises(ServerGoneError, match=rf"^s at 127\.0\.0\.1:{port} "):
+            seen.check()
+        with pytest.raises(ServerGoneError):  # what DGL's send guard calls, the same
+            seen.check_if_open()
+        unseen.check()
+        assert unseen.check_if_open() is False
 
 
 @needs_tcp_info
@@ -312,12 +334,15 @@ def test_dgl_sends_are_checked_while_a_watch_is_open(monkeypatch: pytest.MonkeyP
     """While a watch is open, every DGL RPC message first checks it: a dead server
     gives ServerGoneError in the caller instead of a send (which would make DGL's
     sender thread abort the process). DGL's C send is replaced by a recorder here;
-    the real one is exercised by tests/test_distdgl.py."""
+    the real one is exercised by tests/test_distdgl.py. So is ``fast_pull``, through
+    which a DistTensor pull sends without ``send_rpc_message``."""
     rpc = pytest.importorskip("dgl.distributed.rpc")
     from pingpong import serverwatch
 
     sent: list[tuple[object, int]] = []
     monkeypatch.setattr(rpc, "send_rpc_message", lambda msg, target: sent.append((msg, target)))
+    pulled: list[tuple[object, ...]] = []
+    monkeypatch.setattr(rpc, "fast_pull", lambda *args: pulled.append(args))
     monkeypatch.setattr(serverwatch, "_guarding", ())
     monkeypatch.setattr(serverwatch, "_open", ())
     with connected_pair() as (_, served, port):
@@ -327,17 +352,25 @@ def test_dgl_sends_are_checked_while_a_watch_is_open(monkeypatch: pytest.MonkeyP
         guarded = rpc.send_rpc_message
         assert guarded.pingpong_guarded
         assert guarded.__wrapped__.__name__ == "<lambda>"
+        assert rpc.fast_pull.pingpong_guarded  # a DistTensor pull: sent from C++
         rpc.send_rpc_message("request", 1)
+        rpc.fast_pull("feat", "ids", "parts")
         assert sent == [("request", 1)]
+        assert pulled == [("feat", "ids", "parts")]
         served.close()
         time.sleep(0.05)
         with pytest.raises(ServerGoneError, match="DGL server 1"):
             rpc.send_rpc_message("another", 0)
+        with pytest.raises(ServerGoneError, match="DGL server 1"):
+            rpc.fast_pull("feat", "more ids", "parts")
         assert sent == [("request", 1)]  # nothing handed to DGL after the death
+        assert len(pulled) == 1
         watch.close()
         assert serverwatch._guarding == ()
         rpc.send_rpc_message("after close", 0)  # a closed watch guards nothing
+        rpc.fast_pull("after close")
         assert sent[-1] == ("after close", 0)
+        assert pulled[-1] == ("after close",)
 
 
 @needs_tcp_info

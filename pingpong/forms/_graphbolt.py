@@ -4,7 +4,9 @@ DGL 2.0-2.1 name a node task's seeds ``seed_nodes`` (and link prediction's
 ``node_pairs``); DGL 2.2+ use ``seeds`` for both (1-D for nodes, ``(N, 2)``
 for pairs).  pingpong fills ``node_features`` (and ``labels``) itself, so the
 pipeline must not fetch features too: a ``MiniBatch`` that arrives with
-``node_features`` is refused rather than gathered twice.
+``node_features`` is refused rather than gathered twice.  A ``copy_to`` stage is
+allowed but not needed: ids already on a GPU are copied back to the host for the
+gather (``pingpong._ids`` reads them there).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from ..errors import BatchFormError
 
 #: What to remove from a pipeline that already fetches features.
 _REMOVE_FETCH = (
-    "remove the .fetch_feature(...) stage (and .copy_to(...)) from the GraphBolt "
-    "pipeline: pingpong gathers the features into its slots and moves the "
-    "MiniBatch to the device itself"
+    "remove the .fetch_feature(...) stage from the GraphBolt pipeline (a .copy_to(...) "
+    "stage is not needed either): pingpong gathers the features into its slots and "
+    "moves the MiniBatch to the device itself"
 )
 
 

@@ -104,6 +104,10 @@ Modes (what a trainer does):
 ``server-kill-hetero``, ``server-stop-hetero``
     ``server-kill``, ``server-stop`` on the heterogeneous graph (``hetero-equal``'s
     tables, ``heterogeneous=True``, the R-GCN-style model).
+``server-kill-own-pull``
+    an epoch, then the training thread parks while server 1 is killed, waits
+    for the loader's watch to see it, and pulls rows of server 1's partition
+    itself in ``pingpong.rpc_turn()``, the loader still open.
 ``server-kill-random``
     ``server-kill`` at whatever moment rank 0 is three steps into the second
     epoch; the step takes ``PINGPONG_DISTDGL_STEP_S`` seconds (default 0.2).
@@ -516,6 +520,52 @@ def trainer_server_loss(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     return record
 
 
+def trainer_own_pull_after_loss(tr: td.Trainer, out: Path, part_dir: Path
+                                ) -> dict[str, Any]:
+    """``server-kill-own-pull``: an epoch; then, the loader still open, the training
+    thread parks (``parked-RANK``) while the launcher kills server 1, waits until the
+    loader's watch reports the loss, and pulls rows of server 1's partition itself, in
+    ``pingpong.rpc_turn()`` -- a ``DistTensor`` pull goes through DGL's
+    ``rpc.fast_pull``, which sends from C++, not through ``send_rpc_message``. How
+    that pull ended is recorded like ``server-kill``'s training loops."""
+    feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
+    source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
+    remote = torch.as_tensor(tr.g.get_partition_book().partid2nids(1))[:64]
+    record: dict[str, Any] = {"timeout": TIMEOUT_S, "sampler_processes": 0}
+    steps = 0
+    with pingpong.PingPongLoader(source, feat, label, device="cpu",
+                                 timeout=TIMEOUT_S) as loader:
+        record["watched"] = watched_servers(loader)
+        assert loader.server_watch is not None
+        for _batch in loader:
+            steps += 1
+        (out / f"parked-{tr.rank}").touch()
+        while not (out / "resume").exists():
+            time.sleep(0.01)
+        seen = False
+        for _ in range(100):  # the watch sees the closed connection within a poll or two
+            try:
+                loader.server_watch.check()
+            except pingpong.ServerGoneError:
+                seen = True
+                break
+            time.sleep(0.05)
+        record["watch_saw_loss"] = seen
+        try:
+            with pingpong.rpc_turn():
+                rows = feat[remote]
+            record.update(exception=None, rows=list(rows.shape))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the test
+            record.update(exception=type(exc).__name__, module=type(exc).__module__,
+                          message=str(exc)[:2000], at=time.time(), steps=steps,
+                          cause=(None if exc.__cause__ is None
+                                 else type(exc.__cause__).__name__))
+            write_json(out / f"rank{tr.rank}.json", record)
+            sys.stdout.flush()
+            os._exit(3)  # DGL's exit hook would wait for the lost server
+    return record
+
+
 def partition_small(mode: str, part_dir: Path) -> Path:
     """Partition the small graph of ``mode`` (``SMALL_GRAPHS``) into
     ``part_dir`` (reused when there); ``orig.pt`` holds DGL's mappings from new ids
@@ -577,7 +627,7 @@ HETERO_NODES = {"paper": 3000, "author": 2000}
 EDGE_SEED_TYPES = ("cites", "writes")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
 PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2",
-                     "server-kill-hetero", "server-kill-ddp-race")
+                     "server-kill-hetero", "server-kill-ddp-race", "server-kill-own-pull")
 #: Server-loss modes on the heterogeneous graph.
 HETERO_SERVER_LOSS_MODES = ("server-kill-hetero", "server-stop-hetero")
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-hetero": hetero_graph,
@@ -1084,6 +1134,7 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "server-kill-hetero": trainer_server_loss,
             "server-stop-hetero": trainer_server_loss,
             "server-kill-ddp-race": trainer_server_loss,
+            "server-kill-own-pull": trainer_own_pull_after_loss,
             "server-stop": trainer_server_loss,
             "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
             "byvalue-samplers3": trainer_equal,
