@@ -647,15 +647,17 @@ def test_a_persistent_worker_loader_is_not_reset_under_a_stuck_producer():
     workers share between passes; resetting it broke the source
     ("Invalid iterator state") or lost item 0.  Now iter() refuses, and a later
     one gets the whole pass."""
-    dataset = SlowOnce(stall_s=6.0)
+    dataset = SlowOnce(stall_s=8.0)
     source = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=1,
                                          persistent_workers=True)
+    assert [int(i) for i in source] == list(range(8))  # starts the persistent worker
     features = torch.randn(8, 3)
 
     def form(ids: torch.Tensor) -> tuple[torch.Tensor, None]:
         return ids, None
 
-    with PingPongLoader(source, features, form=form, timeout=0.5) as loader:
+    # timeout: well under the stall, well over a worker's round trip on a busy CI box
+    with PingPongLoader(source, features, form=form, timeout=2.0) as loader:
         assert [int(b.item) for b in loader] == list(range(8))
         dataset.stall[0] = 1
         with pytest.raises(pingpong.BatchTimeoutError):
