@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import pytest
 import torch
 
@@ -45,6 +46,15 @@ def no_leaked_pingpong_threads() -> Iterator[None]:
     gc.collect()  # an unreachable iterator may still hold a producer
     leaked = wait_for_no_pingpong_threads()
     assert not leaked, f"leaked threads: {[t.name for t in leaked]}"
+
+
+def still_running(pid: int) -> bool:
+    """Process ``pid`` exists and is not a zombie (one that exited but was not reaped
+    yet holds no memory or handles, so it counts as gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

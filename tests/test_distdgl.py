@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import default_sigint, run_in_own_session
+from conftest import default_sigint, run_in_own_session, still_running
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "tests" / "_subprocess_scripts" / "distdgl_job.py"
@@ -128,7 +128,7 @@ def assert_all_gone(pid_file: Path, grace: float = 5.0) -> None:
     deadline = time.monotonic() + grace
     while True:
         alive = [e for e in entries
-                 if (psutil.pid_exists(e["pid"]) and _not_zombie(e["pid"]))
+                 if still_running(e["pid"])
                  or live_members(e["pgid"])]
         if not alive or time.monotonic() > deadline:
             break
@@ -140,13 +140,6 @@ def assert_all_gone(pid_file: Path, grace: float = 5.0) -> None:
     leftovers = [p.name for p in Path("/dev/shm").iterdir() if any(t in p.name for t in tokens)]
     assert not alive, f"processes left running after the job: {alive}"
     assert not leftovers, f"shared memory left in /dev/shm: {leftovers}"
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def assert_two_equal_epochs(epochs: list[dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from conftest import still_running
 from test_reliability import (
     CUDA_KIND,
     DEVICE_KINDS,
@@ -235,17 +236,9 @@ def test_dgl_dataloader_with_worker_processes(dgl):
 
 
 def _running_children(me: psutil.Process, before: set[int]) -> list[psutil.Process]:
-    """Children of ``me`` started since ``before`` that still run.  An exited child
-    that nobody reaped yet (a zombie: torch terminates a slow worker without joining
-    it) holds no memory or handles, so it counts as gone."""
-    running = []
-    for child in me.children():
-        try:
-            if child.pid not in before and child.status() != psutil.STATUS_ZOMBIE:
-                running.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return running
+    """Children of ``me`` not in ``before`` that still run (a zombie counts as gone:
+    torch terminates a slow worker without reaping it)."""
+    return [c for c in me.children() if c.pid not in before and still_running(c.pid)]
 
 
 @numba.njit(parallel=True, nogil=True)
