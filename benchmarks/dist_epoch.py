@@ -593,14 +593,7 @@ def render(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    role = os.environ.get("DGL_ROLE")
-    if role is not None:
-        td.answer_stack_requests()  # the launcher asks for stacks before a stop
-    if role == "server":
-        td.run_server()
-        return 0
-    if role is not None:
-        td.run_trainer(lambda: trainer_main(args))
+    if td.run_role(lambda: trainer_main(args)):
         return 0
     if args.from_json is not None:
         report = json.loads(args.from_json.read_text())

@@ -949,6 +949,26 @@ def run_trainer(main: Callable[[], None]) -> None:
         os._exit(1)
 
 
+def run_role(trainer_main: Callable[[], None]) -> bool:
+    """Play the role ``DGL_ROLE`` gives this process, if any; True if it had one.
+
+    ``DGL_ROLE=server``: :func:`run_server`; any other value (launch.py sets
+    ``client``; DGL's ``initialize`` treats every value but ``server`` as a
+    client): a trainer, ``trainer_main`` under :func:`run_trainer`. Either
+    way the process first answers the launcher's requests for stacks. No
+    ``DGL_ROLE``: nothing runs and the caller is the launcher (False).
+    """
+    role = os.environ.get("DGL_ROLE")
+    if role is None:
+        return False
+    answer_stack_requests()  # the launcher's dump_stacks asks before a stop
+    if role == "server":
+        run_server()
+    else:
+        run_trainer(trainer_main)
+    return True
+
+
 # --------------------------------------------------------------------------- launcher
 def launch(command: Sequence[str], part_config: Path, *, num_parts: int,
            num_trainers: int | None = None, num_samplers: int = 0,
@@ -1041,17 +1061,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    role = os.environ.get("DGL_ROLE")
-    if role is None:
-        check_json_target(parser, args.json)
-    if role is not None:
-        answer_stack_requests()  # the launcher's dump_stacks asks before a stop
-    if role == "server":
-        run_server()
+    if run_role(lambda: trainer_main(args)):
         return 0
-    if role is not None:
-        run_trainer(lambda: trainer_main(args))
-        return 0
+    check_json_target(parser, args.json)
     return launcher_main(args, argv)
 
 

@@ -1245,14 +1245,7 @@ def wait_for_trainers(cluster: td.LocalCluster, mode: str, out: Path,
 
 def main() -> int:
     mode, out, part_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
-    role = os.environ.get("DGL_ROLE")
-    if role is not None:
-        td.answer_stack_requests()  # the launcher asks for stacks before a stop
-    if role == "server":
-        td.run_server()
-        return 0
-    if role is not None:
-        td.run_trainer(lambda: trainer_main(mode, out, part_dir))
+    if td.run_role(lambda: trainer_main(mode, out, part_dir)):
         return 0
     return launcher_main(mode, out, part_dir)
 
