@@ -78,7 +78,7 @@ def write_stacks(signum: int = 0, frame: FrameType | None = None) -> None:
     buffer the interrupted code may be in the middle of writing) and touches
     ``$PINGPONG_STACKS_ANSWERED_DIR/<pid>`` when that variable is set.
     """
-    data = memoryview(format_stacks(frame).encode(errors="replace"))
+    data = memoryview(format_stacks(below_handler(frame)).encode(errors="replace"))
     with contextlib.suppress(OSError):  # stderr closed: nowhere to write, go on
         while data:
             data = data[os.write(2, data):]
@@ -86,6 +86,22 @@ def write_stacks(signum: int = 0, frame: FrameType | None = None) -> None:
     if answered_dir:
         with contextlib.suppress(OSError):
             (Path(answered_dir) / str(os.getpid())).touch()
+
+
+def below_handler(frame: FrameType | None) -> FrameType | None:
+    """``frame``, or -- when it is inside :func:`write_stacks` -- the frame that
+    handler interrupted.
+
+    A request that arrives while the handler for the previous one is still
+    returning (after it noted its answer) runs the handler again, nested: the
+    frame it interrupted is then the first handler's own.
+    """
+    shown = frame
+    while frame is not None:
+        if frame.f_code is write_stacks.__code__:
+            shown = frame.f_back
+        frame = frame.f_back
+    return shown
 
 
 def request_stacks(pid: int, answered_dir: Path, *, answer_s: float = 5.0,

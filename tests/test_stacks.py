@@ -147,3 +147,37 @@ def test_an_earlier_answer_is_not_taken_for_this_one(tmp_path: Path, stale: bool
     finally:
         finish(proc, tmp_path, signal.SIGKILL)
     assert answer == "faulthandler"
+
+
+def test_a_request_that_arrives_while_the_last_is_answered_leaves_the_handler_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The next request can come as soon as the answer is noted, while the handler
+    is still returning (CI saw it once in 300 requests): the handler then runs
+    again, nested, and the frame it interrupted is the first handler's own. The
+    stacks it writes start below both handlers, at the code they interrupted."""
+    import _stacks
+
+    def user_code() -> None:
+        _stacks.write_stacks(signal.SIGUSR1, sys._getframe())  # as a signal would call it
+
+    nested: list[bool] = []
+    touch = Path.touch
+
+    def touch_then_a_second_request(path: Path, *args: object, **kwargs: object) -> None:
+        touch(path)
+        if not nested:  # the second request, while the first handler is in touch()
+            nested.append(True)
+            _stacks.write_stacks(signal.SIGUSR1, sys._getframe())
+
+    monkeypatch.setenv(ANSWERED_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(Path, "touch", touch_then_a_second_request)
+    user_code()
+    written = capfd.readouterr().err
+    current = [block for block in written.split("\n\n") if block.startswith("Current thread")]
+    assert nested
+    assert len(current) == 2  # two answers, each with this thread's stack
+    for block in current:
+        frames = block.splitlines()[1:]
+        assert "in user_code" in frames[0], block  # where the first signal came in
+        assert not any("write_stacks" in line or "touch" in line for line in frames), block
