@@ -79,6 +79,15 @@ def start(source: str, answered_dir: Path) -> subprocess.Popen[str]:
     return proc
 
 
+def start_in_native_code(answered_dir: Path) -> subprocess.Popen[str]:
+    """:func:`start` ``NATIVE_CHILD``, then wait until its main thread is inside the C
+    call: between its "ready" and the call it still runs a few bytecodes, and a
+    request that lands there is answered in Python (CI saw it once)."""
+    proc = start(NATIVE_CHILD, answered_dir)
+    time.sleep(1.0)
+    return proc
+
+
 def finish(proc: subprocess.Popen[str], answered_dir: Path,
            sig: int = signal.SIGTERM) -> tuple[int, str]:
     """Stop ``proc`` with ``sig``; its exit status (negative: the signal that ended
@@ -116,7 +125,7 @@ def test_a_process_in_native_code_answers_through_faulthandler(tmp_path: Path) -
     """The main thread in a long C call cannot run the Python handler: after
     ``answer_s`` the request falls back on SIGUSR2, and faulthandler shows
     where the main thread is."""
-    proc = start(NATIVE_CHILD, tmp_path)
+    proc = start_in_native_code(tmp_path)
     try:
         notes: list[str] = []
         answer = request_stacks(proc.pid, tmp_path, answer_s=1.0, log=notes.append)
@@ -139,7 +148,7 @@ def test_a_process_gone_is_reported_gone(tmp_path: Path) -> None:
 def test_an_earlier_answer_is_not_taken_for_this_one(tmp_path: Path, stale: bool) -> None:
     """A marker left by an earlier request does not count: the process in native
     code still falls back on faulthandler."""
-    proc = start(NATIVE_CHILD, tmp_path)
+    proc = start_in_native_code(tmp_path)
     try:
         if stale:
             (tmp_path / str(proc.pid)).touch()
