@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from ._ids import TableIds
+from ._integers import integer
 from .devices.base import Device
 from .errors import ConfigError, IdRangeError
 from .hotrows import RowCounter, build_slot_map, rows_within
@@ -128,8 +129,9 @@ def make_feature_cache(
             cache does not support (see the module docstring).
         IdRangeError: a hot id outside the feature table.
     """
-    if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0:
+    if (budget := integer(cache_bytes)) is None or budget < 0:
         raise ConfigError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
+    cache_bytes = budget
     if cache_bytes == 0:
         if hot_ids is not None:
             raise ConfigError("hot_ids needs cache_bytes > 0 (the size of the cache)")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._integers import integer
 from .errors import ConfigError, IdRangeError, IdTypeError, TableError
 
 __all__ = ["NOT_CACHED", "RowCounter", "build_slot_map", "hit_rate", "rows_within"]
@@ -64,8 +65,9 @@ class RowCounter:
     """
 
     def __init__(self, num_rows: int) -> None:
-        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < 0:
+        if (count := integer(num_rows)) is None or count < 0:
             raise ConfigError(f"num_rows must be a non-negative int, got {num_rows!r}")
+        num_rows = count
         self.num_rows = num_rows
         self.counts = torch.zeros(num_rows, dtype=torch.int64)
         self.total = 0
@@ -95,8 +97,9 @@ class RowCounter:
         Ties go to the lower id; rows with a count of 0 are left out, so fewer
         than ``k`` ids come back when fewer rows were ever counted.
         """
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        if (count := integer(k)) is None or count < 0:
             raise ConfigError(f"k must be a non-negative int, got {k!r}")
+        k = count
         order = torch.sort(self.counts, descending=True, stable=True).indices[:k]
         return order[self.counts[order] > 0]
 
@@ -110,11 +113,11 @@ def rows_within(budget_bytes: int, row_bytes: int, num_rows: int) -> int:
     """How many whole rows of ``row_bytes`` fit in ``budget_bytes`` (at most ``num_rows``)."""
     for name, value in (("budget_bytes", budget_bytes), ("row_bytes", row_bytes),
                         ("num_rows", num_rows)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if (number := integer(value)) is None or number < 0:
             raise ConfigError(f"{name} must be a non-negative int, got {value!r}")
     if row_bytes == 0:
-        return num_rows
-    return min(num_rows, budget_bytes // row_bytes)
+        return int(num_rows)
+    return int(min(num_rows, budget_bytes // row_bytes))
 
 
 def hit_rate(hot_ids: torch.Tensor, counts: torch.Tensor) -> float:

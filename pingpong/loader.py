@@ -8,12 +8,13 @@ import numbers
 import os
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn, SupportsIndex
 
 import torch
 
 from . import _rpc
 from ._epoch import Epoch, EpochIterator
+from ._integers import integer
 from ._lifecycle import LoaderCore
 from .cache import make_feature_cache
 from .devices import Device, make_device
@@ -190,8 +191,9 @@ class PingPongLoader(Iterable[Any]):
                     "iterates it again"
                 )
             source = restartable
-        if isinstance(num_buffers, bool) or not isinstance(num_buffers, int) or num_buffers < 2:
+        if (count := integer(num_buffers)) is None or count < 2:
             raise ConfigError(f"num_buffers must be an int >= 2, got {num_buffers!r}")
+        num_buffers = count
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0
         ):
@@ -355,6 +357,16 @@ class PingPongLoader(Iterable[Any]):
         return (
             f"PingPongLoader(device={str(self.device)!r}, gather={self.gather_mode!r}, "
             f"num_buffers={self.num_buffers}, closed={self.closed})"
+        )
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """Refuse ``pickle``, ``copy.copy`` and ``copy.deepcopy``: a loader owns its
+        producer thread, slots and pinned memory, and a copy would share or lose them."""
+        raise TypeError(
+            "a PingPongLoader cannot be pickled or copied (it owns a producer thread, its "
+            "slot buffers and, on CUDA, pinned memory): build one from the source and "
+            "tables where it is used -- in each process, for torch.multiprocessing or "
+            "DataLoader workers"
         )
 
 

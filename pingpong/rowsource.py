@@ -275,7 +275,15 @@ def make_remote_table(value: Any, name: str) -> RemoteTable:
         ) from None
     dtype = value.dtype
     if not isinstance(dtype, torch.dtype):
-        raise TableError(f"{name}.dtype must be a torch.dtype, got {dtype!r}")
+        kind = f"{type(value).__module__}.{type(value).__qualname__}"
+        raise TableError(
+            f"{name} is a {kind}, neither a torch tensor nor a NumPy array; an object "
+            f"with shape, dtype and [ids] is read as a row source, whose dtype must be a "
+            f"torch.dtype, and this one's is {dtype!r}.  A SciPy sparse matrix, an h5py "
+            f"or zarr array: give a dense tensor or array instead (for example "
+            f"torch.from_numpy(x.toarray()) or np.asarray(x)), or wrap it in a row "
+            f"source (docs: 'Row sources')"
+        )
     if len(shape) < 1:
         raise TableError(f"{name} must have at least 1 dimension (rows), got shape {shape}")
     if shape[0] == 0 or math.prod(shape) == 0:

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import reduce_tensor  # imported by torch itself
 
+from ._integers import integer
+
 __all__ = ["DEFAULT_MAX_BYTES", "by_value_reduction", "install_in_this_process",
            "installed_max_bytes", "rebuild_tensor", "send_sampler_batches_by_value"]
 
@@ -109,6 +111,6 @@ def send_sampler_batches_by_value(max_bytes: int = DEFAULT_MAX_BYTES) -> int:
 
 
 def _checked_max_bytes(max_bytes: Any) -> int:
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+    if (number := integer(max_bytes)) is None or number < 0:
         raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
-    return max_bytes
+    return number

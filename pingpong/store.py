@@ -112,9 +112,10 @@ def make_host_table(value: Any, name: str) -> HostTable:
 
     Raises:
         TableError: not a tensor, 0-D, empty, sparse, not on the CPU, not
-            C-contiguous, a lazily conjugated/negated view, or a NumPy array
+            C-contiguous, a lazily conjugated/negated view, a NumPy array
             torch cannot read in place (pingpong never silently copies a
-            feature table).
+            feature table), or a tensor that requires grad (its gathered rows
+            would carry no gradient).
     """
     tensor = _as_tensor(value, name)
     if tensor.layout != torch.strided:
@@ -140,7 +141,13 @@ def make_host_table(value: Any, name: str) -> HostTable:
             "tables implicitly"
         )
     if tensor.requires_grad:
-        tensor = tensor.detach()
+        raise TableError(
+            f"{name} requires grad (a learnable nn.Parameter, say): pingpong copies rows "
+            "into its own buffers, outside autograd, so the table would never train. "
+            f"A frozen table: pass {name}.detach(). A learnable one (node embeddings): "
+            "look its rows up in the model (an nn.Embedding indexed with "
+            "batch.input_nodes) and give pingpong only the fixed tables"
+        )
     return HostTable(name, tensor, byte_rows(tensor).numpy())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -202,6 +203,28 @@ def test_reshuffle_per_epoch_and_set_epoch() -> None:
     assert torch.equal(torch.cat([o for _, o, _ in first]), seeds)
     # no shuffle: same seed order, but each epoch draws fresh neighbours
     assert any(not torch.equal(a[0], b[0]) for a, b in zip(first, second, strict=True))
+
+
+def test_numpy_integer_arguments_are_the_same_as_ints() -> None:
+    """``np.int64`` batch size, seed and epoch: the same epochs as with Python ints."""
+    graph = random_graph()
+    seeds = torch.arange(100)
+    plain = BuiltinLoader(graph, seeds, NeighborSampler([2]), 10, shuffle=True, seed=3)
+    # typed int at the API; NumPy ints are accepted at run time
+    ten: Any = np.int64(10)
+    three: Any = np.int64(3)
+    two: Any = np.int64(2)
+    numpy = BuiltinLoader(graph, seeds, NeighborSampler([2]), ten, shuffle=True, seed=three)
+    plain.set_epoch(2)
+    numpy.set_epoch(two)
+    a, b = list(plain), list(numpy)
+    assert len(a) == len(b) == 10
+    for (ia, oa, _), (ib, ob, _) in zip(a, b, strict=True):
+        assert torch.equal(oa, ob)
+        assert torch.equal(ia, ib)
+    with pytest.raises(ValueError, match="batch_size"):
+        yes: Any = np.bool_(True)
+        BuiltinLoader(graph, seeds, NeighborSampler([2]), yes)
 
 
 @pytest.mark.parametrize(("drop_last", "expected"), [(False, [4, 4, 2]), (True, [4, 4])])

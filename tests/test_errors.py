@@ -93,9 +93,24 @@ def test_bad_id_never_reaches_the_slot():
         assert torch.equal(slot_b, features[60:68])
 
 
+class NumpyTyped:
+    """An array-like of another library (h5py, zarr, a SciPy sparse matrix): shape,
+    a NumPy dtype and ``[ids]``."""
+
+    shape = (N, 4)
+    dtype = np.dtype("float32")
+
+    def __getitem__(self, ids: Any) -> np.ndarray:
+        return np.zeros((len(ids), 4), dtype=np.float32)
+
+
 @pytest.mark.parametrize(
     ("features", "labels", "needle"),
     [
+        (NumpyTyped(), None, r"features is a test_errors.NumpyTyped, neither a torch tensor "
+                             r"nor a NumPy array.*dtype\('float32'\).*np.asarray"),
+        (torch.nn.Parameter(torch.randn(N, 4)), None, r"features requires grad.*detach\(\)"),
+        (torch.randn(N, 4), torch.randn(N).requires_grad_(), "labels requires grad"),
         (torch.tensor(3.0), None, "0-D"),
         (torch.randn(N, 4).t(), None, "not contiguous"),
         (torch.randn(0, 4), None, "empty"),
@@ -137,12 +152,32 @@ def test_bad_tables_are_refused_at_construction(features, labels, needle):
         ({"timeout": -1.0}, "timeout"),
         ({"timeout": "5"}, "timeout"),
         ({"gather_threads": 0}, "gather_threads"),
+        ({"gather_threads": True}, "gather_threads"),
+        ({"gather_threads": 1.0}, "gather_threads"),
+        ({"num_buffers": np.bool_(True)}, "num_buffers"),
+        ({"num_buffers": np.float64(3)}, "num_buffers"),
+        ({"num_buffers": np.int64(1)}, "num_buffers"),
+        ({"cache_bytes": np.int64(-1)}, "cache_bytes"),
     ],
     ids=lambda v: repr(v)[:30],
 )
 def test_bad_arguments_are_refused(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         PingPongLoader(make_triples(N, 1), torch.randn(N, 2), **kwargs)
+
+
+def test_numpy_integers_are_ints():
+    """Counts from a NumPy array or a sweep (``np.int64(3)``) are taken as the ints
+    they are, and stored as Python ints."""
+    features = torch.randn(N, 2)
+    three: Any = np.int64(3)  # typed int at the API; NumPy ints are accepted at run time
+    one: Any = np.int32(1)
+    with PingPongLoader(make_triples(N, 3), features, num_buffers=three,
+                        gather_threads=one) as loader:
+        assert type(loader.num_buffers) is int
+        assert loader.num_buffers == 3
+        for batch, (input_nodes, _, _) in zip(loader, make_triples(N, 3), strict=True):
+            assert torch.equal(batch.x, features[input_nodes])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")

@@ -243,6 +243,39 @@ def test_custom_form_callable():
             assert torch.equal(kept.x, x)
 
 
+class ItemProblem(ValueError):
+    """A user's own exception, raised by a user's own form callable."""
+
+
+def test_an_exception_of_the_form_callable_reaches_the_loop_unchanged():
+    """The callable's own errors are the user's, like the sampler's: not rewritten into
+    BatchFormError (a TypeError, which ``except ValueError`` would miss), and the next
+    epoch works."""
+    items = [{"nodes": torch.arange(i, i + 20), "seeds": torch.arange(i, i + 4)}
+             for i in range(0, 40, 10)]
+    problem = ItemProblem("item 2 has no seeds")
+    fail = [True]
+
+    def form(item: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if fail[0] and int(item["nodes"][0]) == 20:
+            raise problem
+        return item["nodes"], item["seeds"]
+
+    device = CountingCPUDevice()
+    with PingPongLoader(items, FEATURES, LABELS, device=device, form=form) as loader:
+        delivered = []
+        with pytest.raises(ItemProblem) as info:
+            for batch in loader:
+                delivered.append(batch.clone())
+        assert info.value is problem
+        assert not isinstance(info.value, pingpong.BatchFormError)
+        assert len(delivered) == 2
+        fail[0] = False
+        again = [batch.clone() for batch in loader]
+    assert [torch.equal(b.x, FEATURES[item["nodes"]]) for b, item in zip(again, items, strict=True)
+            ] == [True] * 4
+
+
 @pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 @pytest.mark.parametrize("heterogeneous", [False, True], ids=["homogeneous", "heterogeneous"])
 def test_a_form_may_give_no_label_ids_for_some_items(device_kind, heterogeneous):

@@ -117,6 +117,25 @@ def test_zip_of_a_loader_with_itself_raises():
                 pass
 
 
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+def test_a_loader_cannot_be_copied_or_pickled_and_the_refusal_says_so(how):
+    """``copy.copy`` used to return a second loader sharing the first one's producer and
+    slots (closing one closed both); deepcopy and pickle failed on a lock. All three
+    are refused by name, and the loader goes on working."""
+    import copy
+    import pickle
+
+    triples, features, _ = triples_and_tables()
+    copiers: dict[str, Any] = {"copy": copy.copy, "deepcopy": copy.deepcopy,
+                               "pickle": pickle.dumps}
+    copier = copiers[how]
+    with PingPongLoader(SeqSource(triples, shuffle=False), features) as loader:
+        with pytest.raises(TypeError, match="PingPongLoader cannot be pickled or copied"):
+            copier(loader)
+        for batch, (input_nodes, _, _) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, features[input_nodes])
+
+
 # -- close() from another thread -------------------------------------------------------
 class GatedSource:
     """Yields ``triples``; item ``stall_at`` waits until ``gate`` opens (a stalled sampler)."""

@@ -22,6 +22,7 @@ import numba
 import numpy as np
 import torch
 
+from .._integers import integer
 from ..errors import ConfigError
 from ..kernels._warmup import WarmUpThread, start_warm_up
 from ..kernels.cpu import (
@@ -101,9 +102,9 @@ class CPUDevice(Device):
     def __init__(self, gather_threads: int | None = None) -> None:
         if gather_threads is None:
             gather_threads = default_gather_threads()
-        if not isinstance(gather_threads, int) or gather_threads < 1:
+        if (threads := integer(gather_threads)) is None or threads < 1:
             raise ConfigError(f"gather_threads must be a positive int, got {gather_threads!r}")
-        self.gather_threads = min(gather_threads, numba.config.NUMBA_NUM_THREADS)
+        self.gather_threads = min(threads, numba.config.NUMBA_NUM_THREADS)
         self._warm_up: WarmUpThread | None = None
 
     def attach(self, store: FeatureStore) -> None:

@@ -265,11 +265,13 @@ class ItemReader:
         )
 
     def _custom(self, form: FormCallable, item: Any, seq: int) -> ItemPlan:
+        result = form(item)  # what the callable raises reaches the training loop unchanged
         try:
-            feature_ids, label_ids = form(item)
+            feature_ids, label_ids = result
         except (TypeError, ValueError) as exc:
             raise BatchFormError(
-                f"form= must return (feature ids, label ids or None) for item {seq}: {exc}"
+                f"form= must return a pair (feature ids, label ids or None) for item {seq}; "
+                f"it returned {_describe(result)}"
             ) from exc
         if label_ids is not None and self.label_kind == "none":
             label_ids = None  # nothing to gather them into

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import IdRangeError, IdShapeError, IdTypeError, TableError
 from . import _warmup
+from ._jitcache import jit_cached
 
 #: Id dtypes the kernels accept.
 ID_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
@@ -67,7 +68,7 @@ def raise_out_of_range(ids: np.ndarray, num_rows: int, name: str = "ids") -> Non
     )
 
 
-@numba.njit(nogil=True, cache=True)
+@jit_cached(numba.njit, nogil=True)
 def _id_bounds(ids):  # type: ignore[no-untyped-def]  # pragma: no cover - compiled
     """(min, max) of a non-empty 1-D array in one pass (2-8x faster than NumPy's two)."""
     lo = ids[0]

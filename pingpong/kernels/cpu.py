@@ -7,7 +7,8 @@ kernel is dtype-agnostic and bit-exact: NaN payloads, negative zeros and
 bfloat16 bit patterns arrive unchanged.
 
 Compiled code is cached on disk (``cache=True``: ``__pycache__`` next to this
-file, or Numba's user-wide cache directory when that is not writable), and
+file, or Numba's user-wide cache directory when that is not writable; compiled
+in each process, with a warning, when neither is: :mod:`._jitcache`), and
 :func:`warm_up_cpu` compiles or loads exactly the specialisations a gather
 will use -- one per (word width, id dtype) -- ahead of the first batch;
 :func:`warm_up_cpu_at` the positioned kernel's (int64 ids and positions, one per
@@ -30,13 +31,14 @@ from ._checks import (
     id_dtype,
     warm_up_id_bounds,
 )
+from ._jitcache import jit_cached
 
 #: Rows per parallel work item: large enough to amortise scheduling, small
 #: enough to balance two to a few dozen threads on 100k-row batches.
 _ROWS_PER_CHUNK = 256
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@jit_cached(numba.njit, parallel=True, nogil=True)
 def _gather_words(table, ids, out, rows_per_chunk):  # pragma: no cover - compiled
     n = ids.shape[0]
     width = table.shape[1]
@@ -50,7 +52,7 @@ def _gather_words(table, ids, out, rows_per_chunk):  # pragma: no cover - compil
                 out[i, j] = table[row, j]
 
 
-@numba.njit(parallel=True, nogil=True, cache=True)
+@jit_cached(numba.njit, parallel=True, nogil=True)
 def _gather_words_at(table, ids, positions, out, rows_per_chunk):  # pragma: no cover - compiled
     n = ids.shape[0]
     width = table.shape[1]

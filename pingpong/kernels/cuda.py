@@ -34,7 +34,9 @@ Contracts:
   work up to this call has completed.
 
 Compiled kernels are cached on disk (``cache=True``: one entry per compute
-capability, next to this file or in Numba's user-wide cache directory), and
+capability, next to this file or in Numba's user-wide cache directory;
+compiled in each process, with a warning, when neither is writable:
+:mod:`._jitcache`), and
 :func:`warm_up_cuda` compiles or loads the gather kernel's specialisations for
 a loader's tables before the first batch.
 
@@ -72,6 +74,7 @@ from ._checks import (
     check_id_range,
     raise_out_of_range,
 )
+from ._jitcache import jit_cached
 
 __all__ = [
     "DEFAULT_THREADS_PER_BLOCK",
@@ -552,7 +555,7 @@ def _copy_row(source, src, shift, out, d, lane, step):  # pragma: no cover - com
         base += UNROLL * step
 
 
-@cuda.jit(cache=True)
+@jit_cached(cuda.jit)
 def _gather_kernel(  # pragma: no cover - compiled (or simulated thread by thread)
     table,
     out,
@@ -577,7 +580,7 @@ def _gather_kernel(  # pragma: no cover - compiled (or simulated thread by threa
         k += groups
 
 
-@cuda.jit(cache=True)
+@jit_cached(cuda.jit)
 def _minmax_kernel(ids, result):  # pragma: no cover - compiled
     """``result[0] = min(result[0], ids...)``, ``result[1] = max(...)`` (atomics)."""
     n = ids.shape[0]

@@ -39,6 +39,7 @@ import numpy as np
 from ..errors import TableError
 from ..hotrows import NOT_CACHED, build_slot_map
 from ._checks import check_gather_shapes, check_id_array
+from ._jitcache import jit_cached
 from .cuda import (
     DEFAULT_THREADS_PER_BLOCK,
     SEGMENT_BYTES,
@@ -66,7 +67,7 @@ from .cuda import (
 
 __all__ = ["build_slot_map", "gather_rows_cached", "gather_rows_cached_unchecked"]
 
-@cuda.jit(cache=True)
+@jit_cached(cuda.jit)
 def _cached_gather_kernel(  # pragma: no cover - compiled (or simulated thread by thread)
     table,
     cache,

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from .._integers import integer
+
 
 def ddp_rank_and_world_size() -> tuple[int, int]:
     """``(rank, world_size)`` of the default torch.distributed process group.
@@ -58,8 +60,9 @@ def resolve_rank(use_ddp: bool, num_replicas: int | None, rank: int | None) -> t
             f"rank={rank!r}"
         )
     for name, value in (("num_replicas", num_replicas), ("rank", rank)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if integer(value) is None:
             raise ValueError(f"{name} must be an int, got {value!r}")
+    num_replicas, rank = int(num_replicas), int(rank)
     if num_replicas < 1 or not 0 <= rank < num_replicas:
         raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, "
                          f"num_replicas={num_replicas}")

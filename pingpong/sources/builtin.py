@@ -38,7 +38,9 @@ import numba
 import numpy as np
 import torch
 
+from .._integers import integer
 from ..blocks import EdgeBlock
+from ..kernels._jitcache import jit_cached
 from ._shard import resolve_rank, seeds_per_rank, shard_seeds
 
 __all__ = ["BuiltinLoader", "CSRGraph", "NeighborSampler", "SampledTriple"]
@@ -165,7 +167,7 @@ class CSRGraph:
         )
 
 
-@numba.njit(nogil=True, cache=True)
+@jit_cached(numba.njit, nogil=True)
 def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma: no cover
     """One layer: sample in-edges of ``seeds`` and relabel to local ids.
 
@@ -404,10 +406,11 @@ class BuiltinLoader:
             raise TypeError(f"graph must be a CSRGraph, got {type(graph).__name__}")
         if not isinstance(sampler, NeighborSampler):
             raise TypeError(f"sampler must be a NeighborSampler, got {type(sampler).__name__}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if (size := integer(batch_size)) is None or size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        if (number := integer(seed)) is None or number < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        batch_size, seed = size, number
         seeds = _as_int64_vector(seed_nodes, "seed_nodes")
         _check_range(seeds, graph.num_nodes, "seed_nodes")
         if torch.unique(seeds).shape[0] != seeds.shape[0]:
@@ -436,9 +439,9 @@ class BuiltinLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` produce epoch ``epoch``."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        if (number := integer(epoch)) is None or number < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self._epoch = epoch
+        self._epoch = number
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""

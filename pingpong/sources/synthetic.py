@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from .._integers import integer
 from .builtin import CSRGraph
 
 __all__ = ["GRAPH_KINDS", "SyntheticGraph", "make_synthetic_graph"]
@@ -94,7 +95,7 @@ class SyntheticGraph:
 
 
 def _check_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if (number := integer(value)) is None or number < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
@@ -144,7 +145,7 @@ def make_synthetic_graph(
         raise ValueError("num_classes must not exceed num_nodes")
     if not avg_degree >= 0:
         raise ValueError(f"avg_degree must be >= 0, got {avg_degree!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if (number := integer(seed)) is None or number < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if not isinstance(feat_dtype, torch.dtype) or not feat_dtype.is_floating_point:
         raise ValueError(f"feat_dtype must be a floating torch dtype, got {feat_dtype!r}")
