@@ -20,9 +20,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: The functions compiled without the cache in this process; the first one is
-#: a warning, the rest are logged at DEBUG.
-_warned: list[str] = []
+#: Whether this process has warned yet: the first function compiled without the
+#: cache is a warning, the rest are logged at DEBUG.
+_warned = False
 
 
 def jit_cached(jit: Callable[..., Any], **options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -33,13 +33,14 @@ def jit_cached(jit: Callable[..., Any], **options: Any) -> Callable[[Callable[..
     """
 
     def decorate(func: Callable[..., Any]) -> Any:
+        global _warned
         try:
             return jit(cache=True, **options)(func)
         except RuntimeError as exc:
             if "cannot cache function" not in str(exc):
                 raise
             log = logger.debug if _warned else logger.warning
-            _warned.append(func.__qualname__)
+            _warned = True
             log("pingpong: Numba has nowhere to cache %s (%s); compiling it in every "
                 "process instead. Set NUMBA_CACHE_DIR to a writable folder to keep the "
                 "compiled code", func.__qualname__, exc)
