@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import numbers
+from typing import Any, TypeAlias
+
+import numpy as np
+
+#: The type of a count or size argument: a Python ``int`` or a NumPy integer
+#: scalar (``np.int64(3)``), both accepted at run time by :func:`integer`.
+#: (A NumPy bool is no ``np.integer``; a Python bool type-checks as an int but
+#: is refused at run time.)
+Count: TypeAlias = "int | np.integer[Any]"
 
 
 def integer(value: object) -> int | None:

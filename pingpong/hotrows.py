@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._integers import integer
+from ._integers import Count, integer
 from .errors import ConfigError, IdRangeError, IdTypeError, TableError
 
 __all__ = ["NOT_CACHED", "RowCounter", "build_slot_map", "hit_rate", "rows_within"]
@@ -64,7 +64,7 @@ class RowCounter:
         total: the sum of ``counts`` (every id added, duplicates included).
     """
 
-    def __init__(self, num_rows: int) -> None:
+    def __init__(self, num_rows: Count) -> None:
         if (count := integer(num_rows)) is None or count < 0:
             raise ConfigError(f"num_rows must be a non-negative int, got {num_rows!r}")
         num_rows = count
@@ -91,7 +91,7 @@ class RowCounter:
         for ids in batches:
             self.add(ids)
 
-    def hottest(self, k: int) -> torch.Tensor:
+    def hottest(self, k: Count) -> torch.Tensor:
         """The ids of the (at most) ``k`` most counted rows, most counted first.
 
         Ties go to the lower id; rows with a count of 0 are left out, so fewer
@@ -109,7 +109,7 @@ class RowCounter:
         self.total = 0
 
 
-def rows_within(budget_bytes: int, row_bytes: int, num_rows: int) -> int:
+def rows_within(budget_bytes: Count, row_bytes: Count, num_rows: Count) -> int:
     """How many whole rows of ``row_bytes`` fit in ``budget_bytes`` (at most ``num_rows``)."""
     for name, value in (("budget_bytes", budget_bytes), ("row_bytes", row_bytes),
                         ("num_rows", num_rows)):

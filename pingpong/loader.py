@@ -14,7 +14,7 @@ import torch
 
 from . import _rpc
 from ._epoch import Epoch, EpochIterator
-from ._integers import integer
+from ._integers import Count, integer
 from ._lifecycle import LoaderCore
 from .cache import make_feature_cache
 from .devices import Device, make_device
@@ -165,16 +165,16 @@ class PingPongLoader(Iterable[Any]):
         labels: torch.Tensor | RowSource | Mapping[str, torch.Tensor | RowSource] | None = None,
         *,
         device: str | torch.device | Device = "cpu",
-        num_buffers: int = 2,
+        num_buffers: Count = 2,
         gather: str = "auto",
         timeout: float | None = None,
-        gather_threads: int | None = None,
+        gather_threads: Count | None = None,
         sort_ids: str = "auto",
         debug: bool = False,
         heterogeneous: bool = False,
         edge_labels: torch.Tensor | RowSource | None = None,
         form: FormCallable | None = None,
-        cache_bytes: int = 0,
+        cache_bytes: Count = 0,
         hot_ids: torch.Tensor | None = None,
         health_check: Callable[[], None] | None = None,
         sample_ahead: bool | None = None,

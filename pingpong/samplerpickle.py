@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch.multiprocessing.reductions import reduce_tensor  # imported by torch itself
 
-from ._integers import integer
+from ._integers import Count, integer
 
 __all__ = ["DEFAULT_MAX_BYTES", "by_value_reduction", "install_in_this_process",
            "installed_max_bytes", "rebuild_tensor", "send_sampler_batches_by_value"]
@@ -85,7 +85,7 @@ def installed_max_bytes() -> int | None:
     return _max_bytes
 
 
-def send_sampler_batches_by_value(max_bytes: int = DEFAULT_MAX_BYTES) -> int:
+def send_sampler_batches_by_value(max_bytes: Count = DEFAULT_MAX_BYTES) -> int:
     """Have this trainer's DGL sampler processes send each batch's tensors of at most
     ``max_bytes`` by value, not as shared memory (see the module docstring); the
     number of sampler processes told (0 without any: nothing to do).

@@ -210,13 +210,10 @@ def test_numpy_integer_arguments_are_the_same_as_ints() -> None:
     graph = random_graph()
     seeds = torch.arange(100)
     plain = BuiltinLoader(graph, seeds, NeighborSampler([2]), 10, shuffle=True, seed=3)
-    # typed int at the API; NumPy ints are accepted at run time
-    ten: Any = np.int64(10)
-    three: Any = np.int64(3)
-    two: Any = np.int64(2)
-    numpy = BuiltinLoader(graph, seeds, NeighborSampler([2]), ten, shuffle=True, seed=three)
+    numpy = BuiltinLoader(graph, seeds, NeighborSampler([2]), np.int64(10), shuffle=True,
+                          seed=np.int64(3))
     plain.set_epoch(2)
-    numpy.set_epoch(two)
+    numpy.set_epoch(np.int64(2))
     a, b = list(plain), list(numpy)
     assert len(a) == len(b) == 10
     for (ia, oa, _), (ib, ob, _) in zip(a, b, strict=True):

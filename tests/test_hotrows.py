@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,3 +120,15 @@ def test_rows_within_a_budget() -> None:
         RowCounter(-1)
     with pytest.raises(ConfigError):
         RowCounter(3).hottest(-1)
+
+
+def test_numpy_integer_counts_are_ints() -> None:
+    """``RowCounter``/``hottest``/``rows_within`` with NumPy integers: the same answers
+    as with Python ints (typed ``int | numpy.integer``; mypy checks this call)."""
+    counter = RowCounter(np.int64(10))
+    counter.add(torch.tensor([3, 3, 7, 1, 3, 7]))
+    assert type(counter.num_rows) is int
+    assert torch.equal(counter.hottest(np.int32(2)), torch.tensor([3, 7]))
+    got = rows_within(np.int64(1100), np.int64(512), np.int64(10))
+    assert type(got) is int
+    assert got == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,6 +111,18 @@ def test_feat_dtype() -> None:
     g = make_synthetic_graph(num_nodes=500, num_classes=4, feat_dim=8, avg_degree=4,
                              feat_dtype=torch.bfloat16)
     assert g.features.dtype == torch.bfloat16
+
+
+def test_numpy_integer_sizes_give_the_same_graph_of_python_ints() -> None:
+    """Sizes and seed as NumPy integers (typed ``Count``): the same graph, and its
+    ``num_nodes``/``num_classes`` are Python ints (they were stored as given)."""
+    plain = make_synthetic_graph(num_nodes=500, num_classes=4, feat_dim=8, avg_degree=4, seed=3)
+    numpy = make_synthetic_graph(num_nodes=np.int64(500), num_classes=np.int32(4),
+                                 feat_dim=np.int64(8), avg_degree=4, seed=np.int64(3))
+    assert type(numpy.num_nodes) is int
+    assert type(numpy.num_classes) is int
+    for name in FIELDS:
+        assert torch.equal(getattr(plain, name), getattr(numpy, name)), name
 
 
 @pytest.mark.parametrize("kwargs", [

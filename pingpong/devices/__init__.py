@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .._integers import Count
 from ..errors import ConfigError, GatherModeUnavailable
 from .base import COMPLETED, CompletedEvent, Device, Event
 from .cpu import CPUDevice
@@ -35,7 +36,7 @@ def _as_torch_device(device: str | torch.device) -> torch.device:
 def make_device(
     device: str | torch.device | Device,
     gather: str,
-    gather_threads: int | None = None,
+    gather_threads: Count | None = None,
     sort_ids: str = "auto",
     table_bytes: int = 0,
 ) -> Device:

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 import torch
 
-from .._integers import integer
+from .._integers import Count, integer
 from ..errors import ConfigError
 from ..kernels._warmup import WarmUpThread, start_warm_up
 from ..kernels.cpu import (
@@ -99,7 +99,7 @@ class CPUDevice(Device):
 
     gather_mode = "cpu"
 
-    def __init__(self, gather_threads: int | None = None) -> None:
+    def __init__(self, gather_threads: Count | None = None) -> None:
         if gather_threads is None:
             gather_threads = default_gather_threads()
         if (threads := integer(gather_threads)) is None or threads < 1:

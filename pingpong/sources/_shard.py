@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .._integers import integer
+from .._integers import Count, integer
 
 
 def ddp_rank_and_world_size() -> tuple[int, int]:
@@ -44,7 +44,7 @@ def ddp_rank_and_world_size() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def resolve_rank(use_ddp: bool, num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+def resolve_rank(use_ddp: bool, num_replicas: Count | None, rank: Count | None) -> tuple[int, int]:
     """``(rank, world_size)`` for a loader, ``DistributedSampler``-style.
 
     Explicit ``num_replicas`` and ``rank`` (both or neither) win; otherwise

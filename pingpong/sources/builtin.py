@@ -38,7 +38,7 @@ import numba
 import numpy as np
 import torch
 
-from .._integers import integer
+from .._integers import Count, integer
 from ..blocks import EdgeBlock
 from ..kernels._jitcache import jit_cached
 from ._shard import resolve_rank, seeds_per_rank, shard_seeds
@@ -394,13 +394,13 @@ class BuiltinLoader:
         graph: CSRGraph,
         seed_nodes: Any,
         sampler: NeighborSampler,
-        batch_size: int,
+        batch_size: Count,
         shuffle: bool = False,
         drop_last: bool = False,
-        seed: int = 0,
+        seed: Count = 0,
         use_ddp: bool = False,
-        num_replicas: int | None = None,
-        rank: int | None = None,
+        num_replicas: Count | None = None,
+        rank: Count | None = None,
     ) -> None:
         if not isinstance(graph, CSRGraph):
             raise TypeError(f"graph must be a CSRGraph, got {type(graph).__name__}")
@@ -437,7 +437,7 @@ class BuiltinLoader:
         """The epoch the next ``iter()`` will produce."""
         return self._epoch
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: Count) -> None:
         """Make the next ``iter()`` produce epoch ``epoch``."""
         if (number := integer(epoch)) is None or number < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .._integers import integer
+from .._integers import Count, integer
 from .builtin import CSRGraph
 
 __all__ = ["GRAPH_KINDS", "SyntheticGraph", "make_synthetic_graph"]
@@ -94,17 +94,19 @@ class SyntheticGraph:
         return g
 
 
-def _check_positive(name: str, value: Any) -> None:
+def _positive(name: str, value: Any) -> int:
+    """``value`` as a Python int; ValueError unless it is an integer >= 1."""
     if (number := integer(value)) is None or number < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return number
 
 
 def make_synthetic_graph(
-    num_nodes: int = 100_000,
-    num_classes: int = 16,
-    feat_dim: int = 128,
+    num_nodes: Count = 100_000,
+    num_classes: Count = 16,
+    feat_dim: Count = 128,
     avg_degree: float = 15.0,
-    seed: int = 0,
+    seed: Count = 0,
     feat_dtype: torch.dtype = torch.float32,
     *,
     homophily: float = 0.6,
@@ -135,18 +137,16 @@ def make_synthetic_graph(
     Raises:
         ValueError: an argument is out of range.
     """
-    for name, value in (
-        ("num_nodes", num_nodes),
-        ("num_classes", num_classes),
-        ("feat_dim", feat_dim),
-    ):
-        _check_positive(name, value)
+    num_nodes = _positive("num_nodes", num_nodes)
+    num_classes = _positive("num_classes", num_classes)
+    feat_dim = _positive("feat_dim", feat_dim)
     if num_classes > num_nodes:
         raise ValueError("num_classes must not exceed num_nodes")
     if not avg_degree >= 0:
         raise ValueError(f"avg_degree must be >= 0, got {avg_degree!r}")
     if (number := integer(seed)) is None or number < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    seed = number
     if not isinstance(feat_dtype, torch.dtype) or not feat_dtype.is_floating_point:
         raise ValueError(f"feat_dtype must be a floating torch dtype, got {feat_dtype!r}")
     if not 0.0 <= homophily <= 1.0:

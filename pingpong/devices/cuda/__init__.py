@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..._integers import Count
 from ...errors import ConfigError, GatherModeUnavailable
 from ...rowsource import FetchedRows, RemoteTable
 from ...store import FeatureStore, HostTable, byte_rows
@@ -80,7 +81,7 @@ class CUDADevice(Device):
         self,
         device: torch.device,
         gather_mode: str,
-        gather_threads: int | None = None,
+        gather_threads: Count | None = None,
         *,
         max_blocks: int | None = None,
         sort_ids: str = "auto",
@@ -206,7 +207,7 @@ def _make_mode(
 def make_cuda_device(
     device: torch.device,
     gather: str,
-    gather_threads: int | None,
+    gather_threads: Count | None,
     sort_ids: str = "auto",
     table_bytes: int | None = None,
 ) -> CUDADevice:
