@@ -2,11 +2,13 @@
 
 A **row source** is any object with
 
-- ``shape`` -- a tuple whose first entry is the number of rows ``N``;
+- ``shape`` -- a sequence of non-negative ints whose first entry is the
+  number of rows ``N``;
 - ``dtype`` -- a ``torch.dtype``;
-- ``__getitem__(ids)`` -- given a 1-D int64 CPU tensor of ids in ``[0, N)``,
-  return a tensor of shape ``(len(ids), *shape[1:])`` and that dtype with
-  the rows in that order.
+- ``__getitem__(ids)`` -- given a 1-D int64 CPU tensor of ids in ``[0, N)``
+  (a copy of the batch's ids, the source's to change), return a tensor of
+  shape ``(len(ids), *shape[1:])`` and that dtype with the rows in that
+  order, not requiring grad.
 
 DGL's ``dgl.distributed.DistTensor`` is one: ``dist_tensor[ids]`` pulls the
 rows from the servers that own them (rows of the local partition come out of
@@ -23,7 +25,9 @@ locally: see below).  Ids
 are checked against ``N`` before any fetch, and a table with no ids in a batch
 (a node type absent from it) is not asked at all; a fetch that raises reaches the
 training loop with its original exception; a fetch that returns the wrong
-shape or dtype raises :class:`~pingpong.errors.TableError`.
+shape or dtype, or rows that require grad (pingpong's copies are outside
+autograd: such a source would never train), raises
+:class:`~pingpong.errors.TableError`.
 
 **Rows held locally are read in place.**  A row source may say which of its
 rows live in this process's memory, the way a ``DistTensor`` does:
@@ -76,6 +80,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from ._integers import integer
 from .errors import TableError
 
 if TYPE_CHECKING:
@@ -242,11 +247,13 @@ class RemoteTable:
         No ids: no call to the source (an empty result of the table's row shape).
 
         Raises what the source raises, and :class:`~pingpong.errors.TableError`
-        for a result of the wrong type, shape, dtype or device.
+        for a result of the wrong type, shape or dtype, or one that requires grad.
         """
         if len(ids) == 0:  # a node type absent from a batch: no round trip for nothing
             return torch.empty((0, *self.row_shape), dtype=self.dtype)
-        rows = self.source[torch.from_numpy(np.asarray(ids, dtype=np.int64))]
+        # A copy: a source that changes the ids it is given (global to local, in
+        # place) must not change the batch's ids or the other tables' gathers.
+        rows = self.source[torch.tensor(ids, dtype=torch.int64)]
         want = (len(ids), *self.row_shape)
         if not isinstance(rows, torch.Tensor):
             raise TableError(
@@ -257,6 +264,14 @@ class RemoteTable:
                 f"{self.name}[ids] returned shape {tuple(rows.shape)} {rows.dtype} for "
                 f"{len(ids)} ids; expected {want} {self.dtype}"
             )
+        if rows.requires_grad:
+            raise TableError(
+                f"{self.name}[ids] returned rows that require grad (looked up in an "
+                "nn.Embedding, say): pingpong copies rows into its own buffers, outside "
+                "autograd, so the source would never train.  A frozen source: return "
+                "rows.detach() (or look up under torch.no_grad()).  A learnable one: "
+                "look its rows up in the model, indexed with batch.input_nodes"
+            )
         if rows.device.type != "cpu":
             rows = rows.cpu()
         # A lazily conjugated or negated view holds other bits than its values:
@@ -264,15 +279,25 @@ class RemoteTable:
         return rows.resolve_conj().resolve_neg().contiguous()
 
 
+def _row_source_shape(shape: Any, name: str) -> tuple[int, ...]:
+    """A row source's ``shape`` as a tuple of Python ints; ``TableError`` for anything
+    but a sequence of non-negative integers (NumPy's and ``torch.Size``'s included)."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    sizes = None if dims is None else [integer(d) for d in dims]
+    if sizes is None or any(size is None or size < 0 for size in sizes):
+        raise TableError(
+            f"{name}.shape must be a sequence of non-negative ints, rows first; got {shape!r}"
+        )
+    return tuple(size for size in sizes if size is not None)
+
+
 def make_remote_table(value: Any, name: str) -> RemoteTable:
     """Validate a row source (``TableError`` naming what is wrong), with its local part
     (:func:`find_local_part`) if it has a usable one."""
-    try:
-        shape = tuple(int(d) for d in value.shape)
-    except TypeError:
-        raise TableError(
-            f"{name}.shape must be a sequence of ints, rows first; got {value.shape!r}"
-        ) from None
+    shape = _row_source_shape(value.shape, name)
     dtype = value.dtype
     if not isinstance(dtype, torch.dtype):
         kind = f"{type(value).__module__}.{type(value).__qualname__}"

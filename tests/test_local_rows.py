@@ -561,3 +561,19 @@ def test_dgl_range_partition_books_give_the_range_and_the_same_split(tmp_path):
         for ids in (gen.integers(0, num_ids, 500), np.arange(num_ids)):
             for g, w in zip(local.locate(ids), by_policy.locate(ids), strict=True):
                 assert np.array_equal(g, w)
+
+
+def test_fetched_rows_that_require_grad_are_refused_as_without_a_local_part():
+    """With a local part, the rows fetched for the other partitions are checked the
+    same way: a TableError naming ``features[ids]`` (it used to be the host-table
+    message, advising a .detach() a row source cannot take)."""
+    class NeedingGrad(PartitionedRows):
+        def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+            return super().__getitem__(ids).requires_grad_()
+
+    source = NeedingGrad(make_table(N, (4,)))
+    triples = [(torch.tensor([0, 200, 300]), torch.tensor([0]), {"seq": 0})]
+    with PingPongLoader(SeqSource(triples, shuffle=False), source) as loader:
+        with pytest.raises(pingpong.TableError,
+                           match=r"features\[ids\] returned rows that require grad"):
+            next(iter(loader))

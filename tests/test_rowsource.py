@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_reliability import (
@@ -227,10 +228,70 @@ def test_a_fetch_of_the_wrong_dtype_is_a_table_error():
         (type("Empty", (), {"shape": (0, 2), "dtype": torch.float32,
                             "__getitem__": lambda self, i: None})(), "empty"),
         (type("IntShape", (), {"shape": 3, "dtype": torch.float32,
-                               "__getitem__": lambda self, i: None})(), "sequence of ints"),
+                               "__getitem__": lambda self, i: None})(), "sequence of non-neg"),
+        (type("NegativeWidth", (), {"shape": (100, -1), "dtype": torch.float32,
+                                    "__getitem__": lambda self, i: None})(), r"\(100, -1\)"),
+        (type("NegativeRows", (), {"shape": (-100, 4), "dtype": torch.float32,
+                                   "__getitem__": lambda self, i: None})(), r"\(-100, 4\)"),
+        (type("FloatWidth", (), {"shape": (100, 4.7), "dtype": torch.float32,
+                                 "__getitem__": lambda self, i: None})(), r"\(100, 4\.7\)"),
     ],
-    ids=["dtype-not-torch", "empty", "int-shape"],
+    ids=["dtype-not-torch", "empty", "int-shape", "negative-width", "negative-rows",
+         "float-width"],
 )
 def test_bad_row_sources_are_refused_at_construction(bad: Any, needle: str):
     with pytest.raises(pingpong.TableError, match=needle):
         PingPongLoader([], bad)
+
+
+def test_a_numpy_shape_is_read_as_ints():
+    """A source reporting ``shape`` as NumPy integers (a memmap's, say) works."""
+    table = make_table(N, (3,))
+    source: Any = Rows(table)
+    source.shape = tuple(np.int64(d) for d in table.shape)
+    triples = seq_triples(N, 2)
+    with PingPongLoader(SeqSource(triples, shuffle=False), source) as loader:
+        for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, table[inputs])
+
+
+class RowsNeedingGrad(Rows):
+    """Rows looked up in a learnable embedding: they require grad."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__(table)
+        self.embedding = torch.nn.Embedding.from_pretrained(table.clone(), freeze=False)
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(ids)
+
+
+def test_rows_that_require_grad_are_refused():
+    """pingpong copies fetched rows outside autograd: a source whose rows need grad
+    would never train, so its first fetch is a TableError (it used to be detached)."""
+    with PingPongLoader(seq_triples(N, 2), RowsNeedingGrad(make_table(N, (4,)))) as loader:
+        with pytest.raises(pingpong.TableError, match=r"features\[ids\] returned rows that "
+                                                      r"require grad.*rows\.detach\(\)"):
+            next(iter(loader))
+
+
+class RewritesIds(Rows):
+    """A source that turns the ids it is given into its own, in place."""
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = super().__getitem__(ids)
+        ids.zero_()
+        return rows
+
+
+def test_a_source_that_changes_its_ids_changes_nothing_else():
+    """The source gets a copy of the ids: rewriting them in place leaves the batch's
+    ids and the other tables' rows as they were (int64 ids were shared before)."""
+    host, remote = make_table(N, (3,)), make_table(N, (2,))
+    triples = [(torch.arange(10, 20), torch.arange(10, 14), {"seq": 0})]
+    with PingPongLoader(SeqSource(triples, shuffle=False),
+                        {"remote": RewritesIds(remote), "host": host}) as loader:
+        batch = next(iter(loader))
+        assert torch.equal(batch.input_nodes, torch.arange(10, 20))
+        assert torch.equal(batch.x["remote"], remote[10:20])
+        assert torch.equal(batch.x["host"], host[10:20])
