@@ -13,6 +13,7 @@ from typing import Any, NoReturn, SupportsIndex
 import torch
 
 from . import _rpc
+from ._dgl_seeds import check_dgl_loader_seeds
 from ._epoch import Epoch, EpochIterator
 from ._integers import Count, integer
 from ._lifecycle import LoaderCore
@@ -191,6 +192,7 @@ class PingPongLoader(Iterable[Any]):
                     "iterates it again"
                 )
             source = restartable
+        check_dgl_loader_seeds(source)
         if (count := integer(num_buffers)) is None or count < 2:
             raise ConfigError(f"num_buffers must be an int >= 2, got {num_buffers!r}")
         num_buffers = count

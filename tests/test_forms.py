@@ -334,9 +334,15 @@ def _node_source() -> Any:
          "tuple of length 5"),
         (lambda: [{"nodes": torch.arange(3)}], {"form": lambda item: item["nodes"]},
          "form= must return"),
+        # a DGL graph unpacks by edge type (DGL's own error); a dict of two into its keys
+        (lambda: [dgl.graph(([0, 1], [1, 2]))], {"form": lambda graph: graph},
+         r"form= must return a pair .* it returned a dgl\.heterograph\.DGLGraph"),
+        (lambda: [{"nodes": torch.arange(3)}],
+         {"form": lambda item: {"paper": item["nodes"], "author": item["nodes"]}},
+         r"form= must return a pair .* it returned a builtins\.dict"),
     ],
     ids=["node-labels-edge-item", "edge-labels-node-item", "graph-without-nid",
-         "five-fields", "bad-form-callable"],
+         "five-fields", "bad-form-callable", "form-returns-a-graph", "form-returns-a-dict"],
 )
 def test_refusals_name_the_problem_before_any_row_is_read(make_source, kwargs, needle):
     device = CountingCPUDevice()
@@ -355,6 +361,92 @@ def test_bad_edge_ids_are_refused_before_any_row_is_read():
         with pytest.raises(pingpong.IdRangeError, match=r"pair_graph.edata\[dgl.EID\]"):
             next(iter(loader))
     assert device.gathers == 0
+
+
+def _two_edge_type_source() -> tuple[Any, tuple[str, str, str]]:
+    """Edge prediction on one node type with two edge types (cites, cited-by)."""
+    g = _graph()
+    src, dst = g.edges()
+    cites = ("paper", "cites", "paper")
+    graph = dgl.heterograph({cites: (src, dst), ("paper", "cited-by", "paper"): (dst, src)},
+                            num_nodes_dict={"paper": NUM_NODES})
+    sampler = dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2]))
+    return dgl.dataloading.DataLoader(graph, {"cites": torch.arange(64)}, sampler,
+                                      batch_size=32), cites
+
+
+def test_edge_labels_on_several_edge_types_name_them_and_the_form_that_works():
+    """The pair graph's edge ids are a dict by edge type: edge_labels= alone is refused
+    naming the types (it was told to use heterogeneous=True, which refuses edge_labels=),
+    and the form the message suggests gathers that type's labels bit for bit."""
+    source, cites = _two_edge_type_source()
+    device = CountingCPUDevice()
+    with PingPongLoader(source, FEATURES, edge_labels=EDGE_LABELS, device=device) as loader:
+        with pytest.raises(pingpong.BatchFormError,
+                           match=r"several edge types .*'cites'.*form=lambda item"):
+            next(iter(loader))
+    assert device.gathers == 0
+    with PingPongLoader(source, FEATURES, edge_labels=EDGE_LABELS,
+                        form=lambda item: (item[0], item[1].edata[dgl.EID][cites])) as loader:
+        batches = 0
+        for batch in loader:
+            input_nodes, pair_graph = batch.item[0], batch.item[1]
+            assert torch.equal(batch.x, FEATURES[input_nodes])
+            assert torch.equal(batch.y, EDGE_LABELS[pair_graph.edata[dgl.EID][cites]])
+            batches += 1
+    assert batches == 2
+
+
+def _hetero_graph() -> Any:
+    g = _graph()
+    src, dst = g.edges()
+    return dgl.heterograph({("paper", "cites", "paper"): (src, dst),
+                            ("author", "writes", "paper"): (src % 40, dst)},
+                           num_nodes_dict={"paper": NUM_NODES, "author": 40})
+
+
+@pytest.mark.parametrize(
+    ("make_loader", "needle"),
+    [
+        (lambda: dgl.dataloading.DataLoader(
+            _graph(), torch.tensor([1, 2, NUM_NODES]), dgl.dataloading.NeighborSampler([2]),
+            batch_size=2), rf"seed node ids include {NUM_NODES}, outside the graph's "
+                           rf"{NUM_NODES} nodes"),
+        (lambda: dgl.dataloading.DataLoader(
+            _graph(), torch.tensor([5, -1], dtype=torch.int32),
+            dgl.dataloading.MultiLayerFullNeighborSampler(1), batch_size=2),
+         r"seed node ids include -1"),
+        (lambda: dgl.dataloading.DataLoader(
+            _graph(), torch.tensor([0, 10_000]), dgl.dataloading.ShaDowKHopSampler([2]),
+            batch_size=2), r"seed node ids include 10000"),
+        (lambda: dgl.dataloading.DataLoader(
+            _hetero_graph(), {"paper": torch.arange(5), "author": torch.tensor([3, 40])},
+            dgl.dataloading.NeighborSampler([2]), batch_size=2),
+         r"seed node ids\['author'\] include 40, outside the graph's 40 nodes of type "
+         r"'author'"),
+        (lambda: dgl.dataloading.DataLoader(
+            _graph(), torch.tensor([0, NUM_EDGES]),
+            dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2])),
+            batch_size=2), rf"seed edge ids include {NUM_EDGES}, outside the graph's "
+                           rf"{NUM_EDGES} edges"),
+    ],
+    ids=["neighbor", "negative-int32", "shadow", "hetero-dict", "edge-prediction"],
+)
+def test_dgl_seeds_outside_the_graph_are_refused_when_the_loader_is_built(make_loader, needle):
+    """DGL's samplers do not check their seeds, and an out-of-range one has crashed the
+    process (SIGSEGV) when sampled in the producer thread: the loader refuses it first."""
+    source = make_loader()
+    with pytest.raises(pingpong.IdRangeError, match=needle):
+        PingPongLoader(source, FEATURES)
+
+
+def test_seeds_of_another_meaning_are_not_checked_as_node_ids():
+    """SAINT's seeds count iterations, not nodes: more of them than nodes is fine."""
+    g = _graph()
+    source = dgl.dataloading.DataLoader(
+        g, torch.arange(NUM_NODES + 2), dgl.dataloading.SAINTSampler("node", 40), batch_size=1)
+    with PingPongLoader(source, FEATURES) as loader:
+        assert len(loader) == NUM_NODES + 2
 
 
 def test_labels_and_edge_labels_together_are_a_config_error():

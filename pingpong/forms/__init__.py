@@ -266,13 +266,15 @@ class ItemReader:
 
     def _custom(self, form: FormCallable, item: Any, seq: int) -> ItemPlan:
         result = form(item)  # what the callable raises reaches the training loop unchanged
-        try:
-            feature_ids, label_ids = result
-        except (TypeError, ValueError) as exc:
+        # A tuple or list of two, checked before unpacking: a DGL graph (form=lambda
+        # sg: sg) raises DGL's own error when unpacked, and a dict of two node types
+        # would unpack into its two keys.
+        if not isinstance(result, tuple | list) or len(result) != 2:
             raise BatchFormError(
                 f"form= must return a pair (feature ids, label ids or None) for item {seq}; "
                 f"it returned {_describe(result)}"
-            ) from exc
+            )
+        feature_ids, label_ids = result
         if label_ids is not None and self.label_kind == "none":
             label_ids = None  # nothing to gather them into
 

@@ -9,6 +9,7 @@ the probe that tells which devices those are.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -45,12 +46,21 @@ def original_node_ids(graph: Any, what: str) -> Any:
 def original_edge_ids(graph: Any, what: str) -> Any:
     """``graph.edata[dgl.EID]`` (edge-prediction pair graphs carry the seed edges' ids)."""
     try:
-        return graph.edata[EID]
+        edge_ids = graph.edata[EID]
     except KeyError:
         raise BatchFormError(
             f"{what} has no edata[dgl.EID], so there are no edge ids to gather "
             "edge_labels at"
         ) from None
+    if isinstance(edge_ids, Mapping):  # several edge types: one id tensor per type
+        types = ", ".join(repr(etype) for etype in edge_ids)
+        raise BatchFormError(
+            f"edge_labels= is one table indexed by {what}.edata[dgl.EID], but this "
+            f"graph has several edge types ({types}), each with its own edge ids.  "
+            "For one edge type's labels, pass that type's table as edge_labels= with "
+            "form=lambda item: (item[0], item[1].edata[dgl.EID][etype])"
+        )
+    return edge_ids
 
 
 def edge_block_from_dgl(graph: Any) -> EdgeBlock:

@@ -1,0 +1,88 @@
+"""A DGL ``DataLoader``'s seed ids, checked against its graph before DGL samples them.
+
+DGL's samplers do not check their seeds: a node id past the graph's end makes
+the fused neighbour sampler read outside its arrays.  On the training thread
+that usually ends in an ``IndexError`` a few lines later; in pingpong's
+producer thread it has ended in a segmentation fault, which takes the process
+down with no Python traceback.  So the loader checks the seeds once, when it
+is built, for the samplers whose seeds are known to be node or edge ids of
+``loader.graph``:
+
+- node ids: DGL's ``BlockSampler`` family (``NeighborSampler``,
+  ``MultiLayerFullNeighborSampler``, ``LaborSampler``) and ``ShaDowKHopSampler``;
+- edge ids: ``as_edge_prediction_sampler`` (``EdgePredictionSampler``).
+
+Other samplers (ClusterGCN's seeds are partition numbers, SAINT's iteration
+numbers) and seeds that are not tensors (a ``Dataset``) are not checked.  A key
+of a dict of seeds that is no type of the graph is left to DGL's own error.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .errors import IdRangeError
+
+
+def check_dgl_loader_seeds(source: Any) -> None:
+    """Check ``source.indices`` against ``source.graph`` when ``source`` is a DGL
+    ``DataLoader`` with a sampler of known seeds (see the module docstring).
+
+    Never imports DGL: a source of DGL's exists only once DGL is imported.
+
+    Raises:
+        IdRangeError: a seed id is negative or not below the number of nodes (or
+            edges) of its type.
+    """
+    dataloading = getattr(sys.modules.get("dgl"), "dataloading", None)
+    if dataloading is None or not isinstance(source, dataloading.DataLoader):
+        return
+    kind = _seed_kind(dataloading, getattr(source, "graph_sampler", None))
+    graph, indices = getattr(source, "graph", None), getattr(source, "indices", None)
+    if kind is None or graph is None:
+        return
+    if isinstance(indices, Mapping):
+        for key, ids in indices.items():
+            _check(graph, kind, key, ids)
+    elif isinstance(indices, torch.Tensor):
+        types = graph.ntypes if kind == "node" else graph.canonical_etypes
+        if len(types) == 1:  # plain ids name the graph's only type
+            _check(graph, kind, None, indices)
+
+
+def _seed_kind(dataloading: Any, sampler: Any) -> str | None:
+    """``"node"``, ``"edge"`` or None (seeds of another meaning, or unknown)."""
+    edge_prediction = getattr(dataloading, "EdgePredictionSampler", None)
+    if edge_prediction is not None and isinstance(sampler, edge_prediction):
+        return "edge"
+    node_seeded = tuple(
+        cls for cls in (getattr(dataloading, "BlockSampler", None),
+                        getattr(dataloading, "ShaDowKHopSampler", None))
+        if cls is not None
+    )
+    return "node" if node_seeded and isinstance(sampler, node_seeded) else None
+
+
+def _check(graph: Any, kind: str, key: Any, ids: Any) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64) \
+            or ids.numel() == 0:
+        return  # what is no id tensor is DGL's to refuse
+    try:
+        count = int(graph.num_nodes(key) if kind == "node" else graph.num_edges(key))
+    except Exception:  # noqa: BLE001 -- not a type of this graph: DGL's own error says so
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low >= 0 and high < count:
+        return
+    bad = low if low < 0 else high
+    where = "" if key is None else f"[{key!r}]"
+    raise IdRangeError(
+        f"the DGL DataLoader's seed {kind} ids{where} include {bad}, outside the graph's "
+        f"{count} {kind}s{'' if key is None else f' of type {key!r}'} (valid ids are "
+        f"0 <= id < {count}); DGL's sampler does not check its seeds and would read "
+        "outside its arrays"
+    )
