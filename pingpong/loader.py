@@ -22,6 +22,7 @@ from .devices import Device, make_device
 from .errors import ConfigError, TableError
 from .forms import FormCallable, ItemReader
 from .forms._dgl_dist import restartable_dgl_loader
+from .forms._graphbolt import pipeline_node_types
 from .rowsource import RemoteTable, RowSource
 from .serverwatch import ServerWatch, dgl_server_watch
 from .slots import Slot, make_slots
@@ -391,15 +392,20 @@ def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
 
 
 def _check_node_types(source: Any, store: FeatureStore) -> None:
-    """With a source that knows its graph (DGL's ``DataLoader.graph``), a
-    heterogeneous store's table keys must be node types of it: a misspelt type
-    would otherwise get zero rows in every batch, silently.
+    """With a source that knows its graph (DGL's ``DataLoader.graph``, the
+    sampling graph in a GraphBolt pipeline), a heterogeneous store's table keys
+    must be node types of it: a misspelt type would otherwise get zero rows in
+    every batch, silently.
 
     Raises:
         TableError: a feature or label table is keyed by a type the graph lacks.
     """
+    if not store.heterogeneous:
+        return
     ntypes = getattr(getattr(source, "graph", None), "ntypes", None)
-    if not store.heterogeneous or not isinstance(ntypes, (list, tuple)):
+    if not isinstance(ntypes, (list, tuple)):
+        ntypes = pipeline_node_types(source)  # a GraphBolt DataLoader's sampling graph
+    if ntypes is None:
         return
     for what, tables in (("features", store.tables), ("labels", store.label_tables)):
         for key in tables:

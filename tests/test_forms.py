@@ -11,11 +11,14 @@ environments (DGL 1.1.3 and 2.1.0); the GraphBolt cases need DGL 2.x.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from test_reliability import fake
@@ -542,6 +545,87 @@ def test_graphbolt_pipeline_that_fetches_features_is_refused():
         with pytest.raises(pingpong.BatchFormError, match=r"remove the \.fetch_feature"):
             next(iter(loader))
     assert device.gathers == 0
+
+
+def test_graphbolt_minibatches_kept_with_deepcopy_stay_intact():
+    """A MiniBatch has no clone(); its features are views of a slot, so the guide says
+    copy.deepcopy: every kept copy still equals the tables' rows after the epoch."""
+    gb = _graphbolt()
+    with PingPongLoader(_graphbolt_pipeline(gb, torch.arange(NUM_NODES)), FEATURES,
+                        LABELS) as loader:
+        kept = [copy.deepcopy(minibatch) for minibatch in loader]
+    assert len(kept) == math.ceil(NUM_NODES / 32)
+    for minibatch in kept:
+        assert torch.equal(minibatch.node_features["feat"], FEATURES[minibatch.input_nodes])
+        assert torch.equal(minibatch.labels, LABELS[minibatch.seed_nodes])
+
+
+def test_graphbolt_workers_through_an_empty_fetch_stage():
+    """The guide's way to keep gb.DataLoader's workers (DGL 2.1 starts them only before
+    a fetch_feature stage): an empty fetch, accepted, every batch bit for bit."""
+    gb = _graphbolt()
+    seeds = torch.arange(0, NUM_NODES, 2)
+    pipe = gb.ItemSampler(gb.ItemSet(seeds, names="seed_nodes"), batch_size=16, shuffle=True)
+    pipe = pipe.sample_neighbor(gb.from_dglgraph(_graph(), is_homogeneous=True), [3, 3])
+    pipe = pipe.fetch_feature(gb.BasicFeatureStore({}), node_feature_keys=None)
+    source = gb.DataLoader(pipe, num_workers=2)
+    with PingPongLoader(source, FEATURES, LABELS) as loader:
+        for _ in range(2):
+            seen = []
+            for minibatch in loader:
+                assert torch.equal(minibatch.node_features["feat"],
+                                   FEATURES[minibatch.input_nodes])
+                assert torch.equal(minibatch.labels, LABELS[minibatch.seed_nodes])
+                seen.append(minibatch.seed_nodes)
+            assert torch.equal(torch.cat(seen).sort().values, seeds)
+            assert len(psutil.Process().children()) >= 2  # the workers did start
+
+
+def _graphbolt_hetero(gb: Any, seeds: dict[str, torch.Tensor]) -> tuple[Any, dict[str, Any]]:
+    """A GraphBolt pipeline over paper/author with seeds of each type given, and the
+    tables: features of both types, labels of both."""
+    g = _graph()
+    src, dst = g.edges()
+    hetero = dgl.heterograph({("author", "writes", "paper"): (src % 40, dst),
+                              ("paper", "cites", "paper"): (src, dst)},
+                             num_nodes_dict={"paper": NUM_NODES, "author": 40})
+    graph = gb.from_dglgraph(hetero, is_homogeneous=False)
+    items = gb.ItemSetDict({ntype: gb.ItemSet(ids, names="seed_nodes")
+                            for ntype, ids in seeds.items()})
+    pipe = gb.ItemSampler(items, batch_size=10).sample_neighbor(graph, [3])
+    tables = {"features": {"paper": FEATURES, "author": FEATURES[:40] * 3},
+              "labels": {"paper": LABELS, "author": LABELS[:40] + 1}}
+    return gb.DataLoader(pipe), tables
+
+
+def test_graphbolt_heterogeneous_labels_have_the_seed_types_only():
+    """Batches of paper seeds and of author seeds: minibatch.labels has exactly the
+    types of minibatch.seed_nodes (a zero-row entry for the other made a per-type
+    cross-entropy NaN), each the labels' rows bit for bit."""
+    gb = _graphbolt()
+    source, tables = _graphbolt_hetero(gb, {"paper": torch.arange(30),
+                                            "author": torch.arange(20)})
+    with PingPongLoader(source, tables["features"], tables["labels"],
+                        heterogeneous=True) as loader:
+        seed_types = []
+        for minibatch in loader:
+            assert set(minibatch.labels) == set(minibatch.seed_nodes)
+            for ntype, ids in minibatch.seed_nodes.items():
+                assert torch.equal(minibatch.labels[ntype], tables["labels"][ntype][ids])
+            for ntype, ids in minibatch.input_nodes.items():
+                assert torch.equal(minibatch.node_features[(ntype, "feat")],
+                                   tables["features"][ntype][ids])
+            seed_types.append(tuple(sorted(minibatch.seed_nodes)))
+    assert set(seed_types) == {("paper",), ("author",)}  # batches of one type each
+
+
+def test_graphbolt_heterogeneous_tables_must_name_the_graph_types():
+    gb = _graphbolt()
+    source, _ = _graphbolt_hetero(gb, {"paper": torch.arange(30)})
+    misspelt = {"paper": FEATURES, "Author": FEATURES[:40]}
+    with pytest.raises(pingpong.TableError,
+                       match=r"features\['Author'\]: .* node types are \['author', 'paper'\]"):
+        PingPongLoader(source, misspelt, heterogeneous=True)
 
 
 @dataclasses.dataclass

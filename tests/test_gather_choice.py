@@ -45,6 +45,10 @@ def test_sort_ids_values_are_checked_before_anything_is_built():
     with pytest.raises(pingpong.ConfigError, match="CUDA kernel gathers only"):
         pingpong.PingPongLoader([], torch.zeros(3, 2), sort_ids="gpu")
     assert make_device("cpu", "auto", sort_ids="auto").gather_mode == "cpu"
+    # what the CPU does anyway: accepted, so device-agnostic code can pass it everywhere
+    assert make_device("cpu", "auto", sort_ids="none").gather_mode == "cpu"
+    with pingpong.PingPongLoader([], torch.zeros(3, 2), sort_ids="none") as loader:
+        assert loader.gather_mode == "cpu"
 
 
 def test_the_loader_passes_its_tables_size_to_auto(monkeypatch):

@@ -77,8 +77,9 @@ def make_device(
                 f"gather={gather!r} needs a CUDA device; with device='cpu' use "
                 "gather='cpu' or 'auto'"
             )
-        if sort_ids != "auto":
-            raise ConfigError("sort_ids applies to the CUDA kernel gathers only")
+        if sort_ids == "gpu":  # "none" is what the CPU gather does: device-agnostic code
+            raise ConfigError("sort_ids='gpu' applies to the CUDA kernel gathers only; "
+                              "the CPU gather never sorts")
         return CPUDevice(gather_threads)
     if target.type == "cuda":
         if gather == "cpu":

@@ -11,6 +11,7 @@ gather (``pingpong._ids`` reads them there).
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -21,7 +22,9 @@ from ..errors import BatchFormError
 _REMOVE_FETCH = (
     "remove the .fetch_feature(...) stage from the GraphBolt pipeline (a .copy_to(...) "
     "stage is not needed either): pingpong gathers the features into its slots and "
-    "moves the MiniBatch to the device itself"
+    "moves the MiniBatch to the device itself.  With num_workers > 0, fetch from an "
+    "empty store instead, .fetch_feature(gb.BasicFeatureStore({}), "
+    "node_feature_keys=None): DGL 2.1 starts the workers only before a fetch stage"
 )
 
 
@@ -53,6 +56,43 @@ def node_seeds(minibatch: Any) -> Any:
     return None
 
 
+def pipeline_node_types(source: Any) -> list[str] | None:
+    """The node types of the sampling graph(s) in a GraphBolt ``DataLoader``'s
+    pipeline, or None (no GraphBolt, no pipeline, a homogeneous graph).
+
+    A GraphBolt ``DataLoader`` has no ``graph``; its stages hold the
+    ``FusedCSCSamplingGraph`` (DGL 2.1: as ``SamplePerLayer.sampler``, a bound
+    method of the graph), whose ``node_type_to_id`` names the types.  Every
+    attribute of every stage is looked at, and bound methods' owners.
+    """
+    dataset = getattr(source, "dataset", None)
+    if "dgl.graphbolt" not in sys.modules or dataset is None:
+        return None
+    try:
+        from torch.utils.data.graph import traverse_dps
+
+        stages = _stages(traverse_dps(dataset))
+    except Exception:  # noqa: BLE001 -- not a datapipe graph torch can walk: no check
+        return None
+    types: set[str] = set()
+    for stage in stages:
+        for value in vars(stage).values():
+            for candidate in (value, getattr(value, "__self__", None)):
+                names = getattr(candidate, "node_type_to_id", None)
+                if isinstance(names, dict):
+                    types.update(names)
+    return sorted(types) or None
+
+
+def _stages(graph: dict[Any, Any]) -> list[Any]:
+    """Every datapipe of a ``traverse_dps`` graph ``{id: (datapipe, children)}``."""
+    found = []
+    for datapipe, children in graph.values():
+        found.append(datapipe)
+        found.extend(_stages(children))
+    return found
+
+
 def check_unfetched(minibatch: Any) -> None:
     """Refuse a ``MiniBatch`` whose features were already fetched by the pipeline."""
     if minibatch.node_features:
@@ -74,7 +114,11 @@ def feature_name(key: str | None, heterogeneous: bool, ntype: str | None = None)
 
 
 def fill(minibatch: Any, x: Any, y: Any, heterogeneous: bool, labels_from_pingpong: bool) -> Any:
-    """Put the gathered rows into the (already moved) ``minibatch``; return it."""
+    """Put the gathered rows into the (already moved) ``minibatch``; return it.
+
+    Heterogeneous labels keep the node types the minibatch has seeds of, as
+    GraphBolt's item-set labels do (no zero-row entries for the others).
+    """
     if heterogeneous:
         features = {feature_name(None, True, ntype): rows for ntype, rows in x.items()}
     elif isinstance(x, dict):
@@ -83,5 +127,10 @@ def fill(minibatch: Any, x: Any, y: Any, heterogeneous: bool, labels_from_pingpo
         features = {feature_name(None, False): x}
     minibatch.node_features = features
     if labels_from_pingpong:
+        seeds = node_seeds(minibatch)
+        if isinstance(y, dict) and isinstance(seeds, dict):
+            # GraphBolt's own labels have the seeds' node types only; a zero-row entry
+            # for a type with no seeds in this batch would make a per-type loss NaN.
+            y = {ntype: rows for ntype, rows in y.items() if ntype in seeds}
         minibatch.labels = y
     return minibatch
