@@ -149,10 +149,10 @@ def build_slot_map(num_rows: int, hot_ids: Any) -> np.ndarray:
         raise IdTypeError(f"hot_ids must be 1-D integers, got {hot.dtype} of shape {hot.shape}")
     if len(hot) > np.iinfo(np.int32).max:
         raise TableError(f"at most {np.iinfo(np.int32).max} rows can be cached, got {len(hot)}")
-    hot = hot.astype(np.int64, copy=False)
-    if len(hot) and (int(hot.min()) < 0 or int(hot.max()) >= num_rows):
+    if len(hot) and (int(hot.min()) < 0 or int(hot.max()) >= num_rows):  # before any cast
         bad = hot[(hot < 0) | (hot >= num_rows)][0]
         raise IdRangeError(f"hot id {int(bad)} is outside the table's {num_rows} rows")
+    hot = hot.astype(np.int64, copy=False)
     if len(np.unique(hot)) != len(hot):
         raise TableError("hot_ids must be distinct: a row is cached once")
     slot_of = np.full(num_rows, NOT_CACHED, dtype=np.int32)

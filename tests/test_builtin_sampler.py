@@ -339,3 +339,11 @@ def test_same_triple_conventions_as_dgl(fanouts: list[int]) -> None:
                 ours_edges = zip(i0[ours_b.src].tolist(), i0[ours_b.dst].tolist(), strict=True)
                 dgl_edges = zip(i1[s.long()].tolist(), i1[d.long()].tolist(), strict=True)
                 assert sorted(ours_edges) == sorted(dgl_edges)
+
+
+def test_uint64_seeds_past_int64_are_named_as_given() -> None:
+    """A uint64 seed of 2**63 + 1 is refused with its own value (it was reported as
+    the negative number it wraps to)."""
+    with pytest.raises(IndexError, match=r"seed_nodes holds 9223372036854775809"):
+        BuiltinLoader(random_graph(), np.array([1, 2**63 + 1], dtype=np.uint64),
+                      NeighborSampler([2]), 4)

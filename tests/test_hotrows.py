@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pingpong.errors import ConfigError, IdRangeError, IdTypeError, PingPongError
-from pingpong.hotrows import RowCounter, hit_rate, rows_within
+from pingpong.hotrows import RowCounter, build_slot_map, hit_rate, rows_within
 
 
 def _batches(seed: int = 0, n: int = 500, count: int = 20) -> list[torch.Tensor]:
@@ -132,3 +132,8 @@ def test_numpy_integer_counts_are_ints() -> None:
     got = rows_within(np.int64(1100), np.int64(512), np.int64(10))
     assert type(got) is int
     assert got == 2
+
+
+def test_a_uint64_hot_id_past_int64_is_named_as_given() -> None:
+    with pytest.raises(IdRangeError, match=r"hot id 9223372036854775808 is outside"):
+        build_slot_map(5, np.array([0, 2**63], dtype=np.uint64))

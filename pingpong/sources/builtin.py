@@ -64,6 +64,10 @@ def _as_int64_vector(values: Any, name: str) -> torch.Tensor:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
     if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
         raise TypeError(f"{name} must hold integers, got {values.dtype}")
+    if not values.dtype.is_signed and values.numel():  # uint64 past 2**63 would wrap
+        largest = int(values.cpu().numpy().max())
+        if largest > np.iinfo(np.int64).max:
+            raise IndexError(f"{name} holds {largest}, which no node id can be")
     return values.to(device="cpu", dtype=torch.int64).contiguous()
 
 
