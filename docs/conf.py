@@ -42,8 +42,6 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autoclass_content = "class"
-# Count and size arguments (pingpong._integers.Count): shown as what they accept.
-autodoc_type_aliases = {"Count": "int | numpy.integer"}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False

@@ -12,8 +12,9 @@ is built, for the samplers whose seeds are known to be node or edge ids of
   ``MultiLayerFullNeighborSampler``, ``LaborSampler``) and ``ShaDowKHopSampler``;
 - edge ids: ``as_edge_prediction_sampler`` (``EdgePredictionSampler``).
 
+Seeds may be tensors, NumPy arrays or lists, plain or in a dict by type.
 Other samplers (ClusterGCN's seeds are partition numbers, SAINT's iteration
-numbers) and seeds that are not tensors (a ``Dataset``) are not checked.  A key
+numbers) and seeds of another kind (a ``Dataset``) are not checked.  A key
 of a dict of seeds that is no type of the graph is left to DGL's own error.
 """
 
@@ -23,6 +24,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 from .errors import IdRangeError
@@ -47,11 +49,24 @@ def check_dgl_loader_seeds(source: Any) -> None:
         return
     if isinstance(indices, Mapping):
         for key, ids in indices.items():
-            _check(graph, kind, key, ids)
-    elif isinstance(indices, torch.Tensor):
-        types = graph.ntypes if kind == "node" else graph.canonical_etypes
-        if len(types) == 1:  # plain ids name the graph's only type
-            _check(graph, kind, None, indices)
+            _check(graph, kind, key, _as_tensor(ids))
+    elif (ids := _as_tensor(indices)) is not None:
+        types = getattr(graph, "ntypes" if kind == "node" else "canonical_etypes", None)
+        if isinstance(types, list | tuple) and len(types) == 1:  # ids of its only type
+            _check(graph, kind, None, ids)
+
+
+def _as_tensor(ids: Any) -> torch.Tensor | None:
+    """Seeds as DGL takes them -- a tensor, NumPy array or list -- as a tensor, or
+    None for anything else (a ``Dataset``, a dtype torch cannot hold)."""
+    if isinstance(ids, torch.Tensor):
+        return ids
+    if not isinstance(ids, np.ndarray | list | tuple):
+        return None
+    try:
+        return torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError):
+        return None
 
 
 def _seed_kind(dataloading: Any, sampler: Any) -> str | None:
@@ -67,7 +82,7 @@ def _seed_kind(dataloading: Any, sampler: Any) -> str | None:
     return "node" if node_seeded and isinstance(sampler, node_seeded) else None
 
 
-def _check(graph: Any, kind: str, key: Any, ids: Any) -> None:
+def _check(graph: Any, kind: str, key: Any, ids: torch.Tensor | None) -> None:
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64) \
             or ids.numel() == 0:
         return  # what is no id tensor is DGL's to refuse

@@ -11,7 +11,7 @@ import numpy as np
 #: scalar (``np.int64(3)``), both accepted at run time by :func:`integer`.
 #: (A NumPy bool is no ``np.integer``; a Python bool type-checks as an int but
 #: is refused at run time.)
-Count: TypeAlias = "int | np.integer[Any]"
+Count: TypeAlias = int | np.integer[Any]
 
 
 def integer(value: object) -> int | None:

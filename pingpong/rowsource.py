@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -286,12 +287,25 @@ def _row_source_shape(shape: Any, name: str) -> tuple[int, ...]:
         dims = tuple(shape)
     except TypeError:
         dims = None
-    sizes = None if dims is None else [integer(d) for d in dims]
+    sizes = None if dims is None else [_dimension(d) for d in dims]
     if sizes is None or any(size is None or size < 0 for size in sizes):
         raise TableError(
             f"{name}.shape must be a sequence of non-negative ints, rows first; got {shape!r}"
         )
     return tuple(size for size in sizes if size is not None)
+
+
+def _dimension(value: Any) -> int | None:
+    """A shape entry as an int: an integer (NumPy's too) or what has ``__index__``
+    (a 0-d integer tensor); None for anything else (a float, even 4.0)."""
+    if (number := integer(value)) is not None:
+        return number
+    if isinstance(value, bool | float) or not hasattr(value, "__index__"):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def make_remote_table(value: Any, name: str) -> RemoteTable:

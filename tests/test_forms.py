@@ -279,6 +279,19 @@ def test_an_exception_of_the_form_callable_reaches_the_loop_unchanged():
             ] == [True] * 4
 
 
+def test_a_form_may_return_any_pair_that_unpacks():
+    """A (2, n) tensor (``torch.stack([feature_ids, label_ids])``) unpacks into its two
+    rows, as it always did: only a dict or a DGL graph is refused before unpacking."""
+    items = [torch.arange(i, i + 6) for i in range(0, 30, 6)]
+    def stacked(ids: torch.Tensor) -> Any:  # typed a tuple at the API; unpacking is the rule
+        return torch.stack([ids, ids.flip(0)])
+
+    with PingPongLoader(items, FEATURES, LABELS, form=stacked) as loader:
+        for batch, ids in zip(loader, items, strict=True):
+            assert torch.equal(batch.x, FEATURES[ids])
+            assert torch.equal(batch.y, LABELS[ids.flip(0)])
+
+
 @pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 @pytest.mark.parametrize("heterogeneous", [False, True], ids=["homogeneous", "heterogeneous"])
 def test_a_form_may_give_no_label_ids_for_some_items(device_kind, heterogeneous):
@@ -432,8 +445,15 @@ def _hetero_graph() -> Any:
             dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2])),
             batch_size=2), rf"seed edge ids include {NUM_EDGES}, outside the graph's "
                            rf"{NUM_EDGES} edges"),
+        (lambda: dgl.dataloading.DataLoader(
+            _graph(), np.array([3, NUM_NODES + 7]), dgl.dataloading.NeighborSampler([2]),
+            batch_size=2), rf"seed node ids include {NUM_NODES + 7}"),
+        (lambda: dgl.dataloading.DataLoader(
+            _hetero_graph(), {"author": [1, 41]}, dgl.dataloading.NeighborSampler([2]),
+            batch_size=2), r"seed node ids\['author'\] include 41"),
     ],
-    ids=["neighbor", "negative-int32", "shadow", "hetero-dict", "edge-prediction"],
+    ids=["neighbor", "negative-int32", "shadow", "hetero-dict", "edge-prediction",
+         "numpy-seeds", "list-seeds-in-a-dict"],
 )
 def test_dgl_seeds_outside_the_graph_are_refused_when_the_loader_is_built(make_loader, needle):
     """DGL's samplers do not check their seeds, and an out-of-range one has crashed the
@@ -568,6 +588,7 @@ def test_graphbolt_workers_through_an_empty_fetch_stage():
     pipe = gb.ItemSampler(gb.ItemSet(seeds, names="seed_nodes"), batch_size=16, shuffle=True)
     pipe = pipe.sample_neighbor(gb.from_dglgraph(_graph(), is_homogeneous=True), [3, 3])
     pipe = pipe.fetch_feature(gb.BasicFeatureStore({}), node_feature_keys=None)
+    before = {child.pid for child in psutil.Process().children()}
     source = gb.DataLoader(pipe, num_workers=2)
     with PingPongLoader(source, FEATURES, LABELS) as loader:
         for _ in range(2):
@@ -577,8 +598,9 @@ def test_graphbolt_workers_through_an_empty_fetch_stage():
                                    FEATURES[minibatch.input_nodes])
                 assert torch.equal(minibatch.labels, LABELS[minibatch.seed_nodes])
                 seen.append(minibatch.seed_nodes)
+                workers = {child.pid for child in psutil.Process().children()} - before
             assert torch.equal(torch.cat(seen).sort().values, seeds)
-            assert len(psutil.Process().children()) >= 2  # the workers did start
+            assert len(workers) == 2  # the workers did start, during the pass
 
 
 def _graphbolt_hetero(gb: Any, seeds: dict[str, torch.Tensor]) -> tuple[Any, dict[str, Any]]:

@@ -235,9 +235,11 @@ def test_a_fetch_of_the_wrong_dtype_is_a_table_error():
                                    "__getitem__": lambda self, i: None})(), r"\(-100, 4\)"),
         (type("FloatWidth", (), {"shape": (100, 4.7), "dtype": torch.float32,
                                  "__getitem__": lambda self, i: None})(), r"\(100, 4\.7\)"),
+        (type("WholeFloatWidth", (), {"shape": (100, 4.0), "dtype": torch.float32,
+                                      "__getitem__": lambda self, i: None})(), r"\(100, 4\.0\)"),
     ],
     ids=["dtype-not-torch", "empty", "int-shape", "negative-width", "negative-rows",
-         "float-width"],
+         "float-width", "whole-float-width"],
 )
 def test_bad_row_sources_are_refused_at_construction(bad: Any, needle: str):
     with pytest.raises(pingpong.TableError, match=needle):
@@ -245,10 +247,11 @@ def test_bad_row_sources_are_refused_at_construction(bad: Any, needle: str):
 
 
 def test_a_numpy_shape_is_read_as_ints():
-    """A source reporting ``shape`` as NumPy integers (a memmap's, say) works."""
+    """A source reporting ``shape`` entries as NumPy integers (a memmap's, say) or 0-d
+    integer tensors works."""
     table = make_table(N, (3,))
     source: Any = Rows(table)
-    source.shape = tuple(np.int64(d) for d in table.shape)
+    source.shape = (np.int64(table.shape[0]), torch.tensor(table.shape[1]))  # 0-d tensor
     triples = seq_triples(N, 2)
     with PingPongLoader(SeqSource(triples, shuffle=False), source) as loader:
         for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):

@@ -266,15 +266,17 @@ class ItemReader:
 
     def _custom(self, form: FormCallable, item: Any, seq: int) -> ItemPlan:
         result = form(item)  # what the callable raises reaches the training loop unchanged
-        # A tuple or list of two, checked before unpacking: a DGL graph (form=lambda
-        # sg: sg) raises DGL's own error when unpacked, and a dict of two node types
-        # would unpack into its two keys.
-        if not isinstance(result, tuple | list) or len(result) != 2:
+        # A dict of two node types would unpack into its two keys, and unpacking a DGL
+        # graph (form=lambda sg: sg) raises DGL's own error: both are no pair.
+        try:
+            if isinstance(result, Mapping) or is_dgl_graph(result):
+                raise TypeError(type(result).__name__)
+            feature_ids, label_ids = result
+        except Exception as exc:  # whatever unpacking it raised
             raise BatchFormError(
                 f"form= must return a pair (feature ids, label ids or None) for item {seq}; "
                 f"it returned {_describe(result)}"
-            )
-        feature_ids, label_ids = result
+            ) from exc
         if label_ids is not None and self.label_kind == "none":
             label_ids = None  # nothing to gather them into
 

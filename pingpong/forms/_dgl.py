@@ -57,8 +57,10 @@ def original_edge_ids(graph: Any, what: str) -> Any:
         raise BatchFormError(
             f"edge_labels= is one table indexed by {what}.edata[dgl.EID], but this "
             f"graph has several edge types ({types}), each with its own edge ids.  "
-            "For one edge type's labels, pass that type's table as edge_labels= with "
-            "form=lambda item: (item[0], item[1].edata[dgl.EID][etype])"
+            "On a graph of one node type, for one edge type's labels pass that type's "
+            "table as edge_labels= with form=lambda item: (item[0], "
+            "item[1].edata[dgl.EID][canonical_etype]), canonical_etype one of the keys "
+            "above"
         )
     return edge_ids
 

@@ -56,6 +56,9 @@ _FLOYD_MAX_FANOUT = 64
 def _as_int64_vector(values: Any, name: str) -> torch.Tensor:
     """``values`` as a contiguous 1-D int64 CPU tensor (copied only if needed)."""
     if isinstance(values, np.ndarray):
+        if values.dtype.kind == "u" and values.size:  # uint64 past 2**63 would wrap
+            _check_fits_int64(int(values.max()), name)
+            values = values.astype(np.int64)  # torch < 2.3 refuses uint64 arrays
         # torch.from_numpy refuses negative strides and warns on read-only arrays
         values = torch.from_numpy(np.require(values, requirements=("C", "W")))
     elif not isinstance(values, torch.Tensor):
@@ -64,11 +67,14 @@ def _as_int64_vector(values: Any, name: str) -> torch.Tensor:
         raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
     if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
         raise TypeError(f"{name} must hold integers, got {values.dtype}")
-    if not values.dtype.is_signed and values.numel():  # uint64 past 2**63 would wrap
-        largest = int(values.cpu().numpy().max())
-        if largest > np.iinfo(np.int64).max:
-            raise IndexError(f"{name} holds {largest}, which no node id can be")
+    if not values.dtype.is_signed and values.numel():  # torch's unsigned types
+        _check_fits_int64(int(values.cpu().numpy().max()), name)
     return values.to(device="cpu", dtype=torch.int64).contiguous()
+
+
+def _check_fits_int64(largest: int, name: str) -> None:
+    if largest > np.iinfo(np.int64).max:
+        raise IndexError(f"{name} holds {largest}, which no node id can be")
 
 
 def _check_range(ids: torch.Tensor, num_nodes: int, name: str) -> None:
