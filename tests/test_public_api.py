@@ -67,3 +67,31 @@ def test_batch_fields_and_kernel_entry_points():
     assert issubclass(pingpong.BatchTimeoutError, TimeoutError)
     assert issubclass(pingpong.ServerGoneError, ConnectionError)
     assert issubclass(pingpong.ServerGoneError, pingpong.PingPongError)
+
+
+def test_the_type_hints_of_count_arguments_evaluate_at_run_time():
+    """Tools that read hints at run time (pydantic, jsonargparse, typeguard) need
+    ``typing.get_type_hints`` to work; the ``Count`` alias once was a string, which
+    made every ``Count | None`` parameter fail there."""
+    import typing
+
+    import numpy as np
+
+    from pingpong.hotrows import RowCounter, rows_within
+    from pingpong.sources import BuiltinLoader, make_synthetic_graph
+
+    functions: list[tuple[typing.Any, str]] = [
+        (pingpong.PingPongLoader.__init__, "gather_threads"),
+        (pingpong.PingPongLoader.__init__, "num_buffers"),
+        (BuiltinLoader.__init__, "num_replicas"),
+        (BuiltinLoader.set_epoch, "epoch"),
+        (make_synthetic_graph, "num_nodes"),
+        (pingpong.send_sampler_batches_by_value, "max_bytes"),
+        (RowCounter.hottest, "k"),
+        (rows_within, "budget_bytes"),
+    ]
+    for function, name in functions:
+        hint = typing.get_type_hints(function)[name]
+        assert int in typing.get_args(hint), (function, name)
+        assert np.integer[typing.Any] in typing.get_args(hint), (function, name)
+        inspect.signature(function, eval_str=True)
