@@ -35,9 +35,17 @@ def wait_for_no_pingpong_threads(timeout: float = 3.0) -> list[threading.Thread]
     return pingpong_threads()
 
 
+#: How long a stopped kernel warm-up may still run: ``close()`` stops it at its next
+#: step, but the step in progress -- one Numba compilation, which took over 6 s on a
+#: busy 2-core CI machine (torch221 env) -- runs to its end (docs: design.rst).
+WARM_UP_STEP_BOUND_S = 120.0
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_pingpong_threads() -> Iterator[None]:
-    """Every test must leave no ``pingpong-*`` thread behind (after GC, within 3 s)."""
+    """Every test must leave no ``pingpong-*`` thread behind (after GC): producers
+    and other threads within 3 s, a stopped warm-up once its compilation in
+    progress ends (within ``WARM_UP_STEP_BOUND_S``)."""
     yield
     if not pingpong_threads():
         return
@@ -45,7 +53,12 @@ def no_leaked_pingpong_threads() -> Iterator[None]:
 
     gc.collect()  # an unreachable iterator may still hold a producer
     leaked = wait_for_no_pingpong_threads()
-    assert not leaked, f"leaked threads: {[t.name for t in leaked]}"
+    still_compiling = [t for t in leaked if t.name.startswith("pingpong-warmup-")]
+    assert leaked == still_compiling, f"leaked threads: {[t.name for t in leaked]}"
+    for thread in still_compiling:
+        thread.join(WARM_UP_STEP_BOUND_S)
+    assert not any(t.is_alive() for t in still_compiling), \
+        f"leaked warm-up threads: {[t.name for t in still_compiling if t.is_alive()]}"
 
 
 def still_running(pid: int) -> bool:
