@@ -113,6 +113,11 @@ class Epoch:
         self.ready_q: queue.SimpleQueue[Message | _Wakeup] = queue.SimpleQueue()
         self.stop = threading.Event()
         self.write_lock = threading.Lock()
+        # Held until the producer has called iter(source) (or left without): a
+        # plain lock, not an Event, so Ctrl-C in the wait is a clean KeyboardInterrupt
+        # (Event.wait runs Python-level Condition code, like Queue.get, see below).
+        self._source_started = threading.Lock()
+        self._source_started.acquire()
         self.thread = threading.Thread(
             target=produce,
             args=(
@@ -131,6 +136,7 @@ class Epoch:
                 rpc_lock,
                 sample_ahead,
                 producer_cpus,
+                self._source_started,
             ),
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,
@@ -140,6 +146,40 @@ class Epoch:
         self.thread.start()
 
     # -- consumer side -------------------------------------------------------
+    def wait_for_source_start(self) -> None:
+        """``iter(loader)``: return once the producer has called ``iter(source)``.
+
+        So each ``iter(loader)`` starts one pass of the source before it
+        returns, as the plain loop does, however soon the epoch is superseded
+        or closed.  What ``iter(source)`` raised is raised by the first
+        ``next()``.  Returns early if the epoch is ended from another thread
+        (``close()``) or the producer thread is gone; raises
+        :class:`~pingpong.errors.BatchTimeoutError` after the loader's
+        ``timeout`` and what ``health_check`` raises, ending the epoch as a
+        failing ``next()`` does.  Skipped (returns at once) on a thread that
+        has the turn in DGL's RPC client, which the producer needs to start
+        the source.
+        """
+        if self.takes_rpc_turns and _rpc.has_turn():
+            return
+        start = time.perf_counter()
+        try:
+            for wait in self._polls(start, "the source's iter() did not return"):
+                if self._source_started.acquire(timeout=wait):
+                    self._source_started.release()
+                    return
+                if self.state is not EpochState.RUNNING or not self.thread.is_alive():
+                    return  # next() says why
+                if self.health is not None:
+                    self.health()
+        except BaseException as exc:
+            self._fail(SHORT_JOIN_TIMEOUT_S)
+            if isinstance(exc, StopIteration):  # from the health check
+                raise _stop_iteration_error() from exc
+            raise
+        finally:
+            self.stats.add(consumer_stall_s=time.perf_counter() - start)
+
     def next_batch(self) -> Any:
         """Hand back the held slot, wait for the next delivery, return it as a Batch."""
         self._raise_if_ended()
@@ -236,21 +276,28 @@ class Epoch:
             if events is not None:
                 lease.slot.release_events = events
 
+    def _polls(self, start: float, what: str, when: str = "") -> Iterator[float]:
+        """How long each poll of a wait that began at ``start`` may block: at most
+        ``POLL_S``, endless without a timeout; at the loader's ``timeout``
+        :class:`~pingpong.errors.BatchTimeoutError` saying ``what`` did not
+        happen ``when``."""
+        deadline = None if self.timeout is None else start + self.timeout
+        while True:
+            if deadline is None:
+                yield POLL_S
+                continue
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                raise BatchTimeoutError(
+                    f"{what} within timeout={self.timeout} s{when}; the source may be "
+                    "stalled -- raise `timeout`, or pass timeout=None to wait")
+            yield min(POLL_S, remaining)
+
     def _wait_for_message(self) -> Message | _Wakeup:
         start = time.perf_counter()
-        deadline = None if self.timeout is None else start + self.timeout
         try:
-            while True:
-                wait = POLL_S
-                if deadline is not None:
-                    remaining = deadline - time.perf_counter()
-                    if remaining <= 0:
-                        raise BatchTimeoutError(
-                            f"no batch within timeout={self.timeout} s (after "
-                            f"{self.delivered} batches this epoch); the source may be "
-                            "stalled -- raise `timeout`, or pass timeout=None to wait"
-                        )
-                    wait = min(wait, remaining)
+            for wait in self._polls(start, "no batch", f" (after {self.delivered} batches "
+                                    "this epoch)"):
                 try:
                     return self.ready_q.get(timeout=wait)
                 except queue.Empty:
@@ -265,6 +312,7 @@ class Epoch:
                             f"producer thread {self.thread.name} exited without "
                             "delivering a batch, an end of epoch or an error"
                         ) from None
+            raise AssertionError("unreachable: _polls never ends without raising")
         finally:
             self.stats.add(consumer_stall_s=time.perf_counter() - start)
 

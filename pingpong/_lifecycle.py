@@ -30,7 +30,8 @@ points, all in :class:`LoaderCore`:
 
 ====================  =========================================================
 ``iter(loader)``      retire the previous epoch (SUPERSEDED), hand its held slot
-                      back, start a new epoch
+                      back, start a new epoch; return once its producer called
+                      ``iter(source)`` (``Epoch.wait_for_source_start``)
 ``close()``           end + retire the epoch (LOADER_CLOSED), close the device
 loader finaliser      the same as ``close()``; it runs only once no iterator is
                       left, because every iterator keeps its loader alive

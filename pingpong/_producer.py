@@ -140,6 +140,7 @@ def produce(
     rpc_lock: threading.Lock | None = None,
     sample_ahead: bool = False,
     cpus: frozenset[int] | None = None,
+    source_started: threading.Lock | None = None,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
@@ -154,6 +155,12 @@ def produce(
 
     With ``cpus`` the thread first restricts itself to those CPUs
     (``os.sched_setaffinity``); the OS refusing them fails the epoch.
+
+    ``source_started``, a lock the caller holds, is released exactly once: when
+    ``iter(source)`` has returned or raised, or the thread leaves before calling
+    it (stopped, or its set-up failed).  ``iter(loader)`` waits for it, so each
+    ``iter(loader)`` calls ``iter(source)`` once, before it returns, as the
+    plain loop does.
 
     With ``rpc_lock`` (:mod:`pingpong._rpc`), starting the source's iterator, each
     source step (with its id checks) and each batch's row-source fetches happen
@@ -178,16 +185,20 @@ def produce(
     check = None if health is None else _TrackedCheck(health)
     try:
         try:
-            if cpus is not None:  # first, so that threads it starts inherit it
-                _run_on(cpus)
-            with write_lock:  # like a fill: a closing loader waits for it
-                if stop.is_set():
-                    return
-                device.producer_started()
-            with _rpc.holding(rpc_lock, stop, poll_s) as held:
-                if not held or stop.is_set():
-                    return
-                iterator = iter(source)
+            try:
+                if cpus is not None:  # first, so that threads it starts inherit it
+                    _run_on(cpus)
+                with write_lock:  # like a fill: a closing loader waits for it
+                    if stop.is_set():
+                        return
+                    device.producer_started()
+                with _rpc.holding(rpc_lock, stop, poll_s) as held:
+                    if not held or stop.is_set():
+                        return
+                    iterator = iter(source)
+            finally:
+                if source_started is not None:
+                    source_started.release()
             prepare = functools.partial(_prepare_next, iterator, store=store, reader=reader,
                                         device=device, stop=stop, poll_s=poll_s,
                                         health=check, rpc_lock=rpc_lock)

@@ -69,11 +69,16 @@ def rpc_turn() -> Iterator[None]:
             _turn_holder = None
 
 
+def has_turn() -> bool:
+    """True on the thread that has the turn in DGL's RPC client."""
+    return _turn_holder == threading.get_ident()
+
+
 def refuse_inside_turn() -> None:
     """Raise :class:`~pingpong.RpcTurnError` if this thread has the turn -- inside
     :func:`rpc_turn`, or a producer inside its step (called by ``next()`` of a loader
     whose producers take turns)."""
-    if _turn_holder == threading.get_ident():
+    if has_turn():
         raise RpcTurnError(
             "next() on a DistDGL loader by a thread that has the turn in DGL's RPC client "
             "(inside pingpong.rpc_turn(), or a pingpong producer): the loader's producer "

@@ -281,8 +281,18 @@ class PingPongLoader(Iterable[Any]):
         A previous epoch still running is ended first; its iterator then
         raises :class:`~pingpong.errors.EpochSupersededError` (a loader runs
         one epoch at a time).  The iterator keeps the loader alive.
+
+        Returns once the epoch's producer thread has called ``iter(source)``
+        (what that raised comes out of the first ``next()``), so every
+        ``iter(loader)`` starts exactly one pass of the source, in order, as
+        ``iter(source)`` in the plain loop would -- also one superseded or
+        closed at once.  The wait honours ``timeout=``
+        (:class:`~pingpong.errors.BatchTimeoutError`), ``close()`` from
+        another thread and Ctrl-C.
         """
-        return EpochIterator(self, self._core.start_epoch())
+        epoch = self._core.start_epoch()
+        epoch.wait_for_source_start()
+        return EpochIterator(self, epoch)
 
     def __len__(self) -> int:
         """Batches per epoch: ``len(source)``; ``TypeError`` if the source has no length."""

@@ -168,6 +168,21 @@ def test_next_inside_the_turn_raises_and_the_epoch_goes_on(takes_turns):
     assert not rpc_lock_held()
 
 
+def test_iter_inside_the_turn_does_not_wait_for_the_producer(takes_turns):
+    """``iter(loader)`` waits for the producer's ``iter(source)``, which needs the
+    turn: inside the training thread's turn it returns at once instead."""
+    triples = seq_triples(N, 4)
+    features = make_table(N, (4,))
+    with pingpong.PingPongLoader(triples, features, timeout=5) as loader:
+        start = time.monotonic()
+        with pingpong.rpc_turn():
+            it = iter(loader)
+        assert time.monotonic() - start < 2.0
+        assert [torch.equal(b.x, features[t[0]]) for b, t in zip(it, triples, strict=True)
+                ] == [True] * 4
+    assert not rpc_lock_held()
+
+
 def test_a_turn_inside_a_turn_is_the_same_turn_and_is_free_again_after_an_error():
     with pingpong.rpc_turn():
         with pingpong.rpc_turn():  # takes nothing: this thread has the turn

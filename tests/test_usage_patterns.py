@@ -181,6 +181,114 @@ def test_close_from_another_thread_ends_a_waiting_next_promptly(what, device_kin
     loader.close()
 
 
+# -- one pass of the source per iter(loader) ---------------------------------------------
+class PassCountingSource:
+    """Yields ``triples``; counts the calls of ``__iter__``, which first waits for
+    ``gate`` (a source slow to start: DataLoader workers spawning) or raises
+    ``iter_error``."""
+
+    def __init__(self, triples: list[Any]) -> None:
+        self.triples = triples
+        self.passes = 0
+        self.gate = threading.Event()
+        self.gate.set()
+        self.iter_error: BaseException | None = None
+
+    def __len__(self) -> int:
+        return len(self.triples)
+
+    def __iter__(self) -> Any:
+        self.passes += 1
+        self.gate.wait(30)
+        if self.iter_error is not None:
+            raise self.iter_error
+        return iter(self.triples)
+
+
+def test_every_iter_of_the_loader_is_one_pass_of_the_source():
+    """Found: an iterator superseded before its producer started never called
+    ``iter(source)``, so a source counting its passes (BuiltinLoader's epoch) saw
+    fewer than the plain loop did, depending on timing (2 of 20 runs)."""
+    triples, features, labels = triples_and_tables()
+    source = PassCountingSource(triples)
+    with PingPongLoader(source, features, labels) as loader:
+        for made in range(1, 41):
+            iter(loader)  # made and dropped unused, superseded by the next
+            assert source.passes == made
+        assert [expect_batch(b, triples, features, labels) for b in loader] == list(
+            range(BATCHES))
+        assert source.passes == 41
+
+
+def test_superseded_iterators_leave_the_builtin_loaders_epochs_as_the_plain_loops():
+    """``it1 = iter(loader); it2 = iter(loader)``: ``it2`` is the source's second pass
+    (epoch 1), bit for bit, every time."""
+    from pingpong.sources import BuiltinLoader, CSRGraph, NeighborSampler
+
+    rng = np.random.default_rng(0)
+    graph = CSRGraph.from_edges(rng.integers(0, N, 2000), rng.integers(0, N, 2000), N)
+    features = make_table(N, (6,))
+
+    def sampler_loader() -> BuiltinLoader:
+        return BuiltinLoader(graph, torch.arange(N), NeighborSampler([3]), batch_size=64,
+                             shuffle=True, seed=7)
+
+    plain = sampler_loader()
+    iter(plain)
+    second_pass = list(plain)
+    for _ in range(10):
+        with PingPongLoader(sampler_loader(), features) as loader:
+            _first = iter(loader)
+            for batch, (inputs, outputs, _blocks) in zip(loader, second_pass, strict=True):
+                assert torch.equal(batch.input_nodes, inputs)
+                assert torch.equal(batch.output_nodes, outputs)
+                assert torch.equal(batch.x, features[inputs])  # before the slot is reused
+
+
+def test_iter_waits_for_a_slow_source_start_and_honours_timeout():
+    triples, features, labels = triples_and_tables()
+    source = PassCountingSource(triples)
+    source.gate.clear()  # iter(source) blocks
+    with PingPongLoader(source, features, labels, timeout=0.5) as loader:
+        start = time.monotonic()
+        with pytest.raises(pingpong.BatchTimeoutError, match="source's iter"):
+            iter(loader)
+        assert 0.45 <= time.monotonic() - start < 2.0
+        source.gate.set()
+        assert [expect_batch(b, triples, features, labels) for b in loader] == list(
+            range(BATCHES))
+    assert source.passes == 2
+
+
+def test_close_from_another_thread_ends_an_iter_waiting_for_the_source():
+    triples, features, _ = triples_and_tables()
+    source = PassCountingSource(triples)
+    source.gate.clear()
+    loader = PingPongLoader(source, features)
+    closer = threading.Timer(0.3, loader.close)
+    closer.start()
+    start = time.monotonic()
+    it = iter(loader)  # waits for iter(source), until the close
+    waited = time.monotonic() - start
+    closer.join()
+    source.gate.set()
+    assert 0.25 <= waited < 1.5
+    with pytest.raises(pingpong.LoaderClosedError):
+        next(it)
+
+
+def test_what_iter_source_raises_comes_out_of_the_first_next():
+    triples, features, _ = triples_and_tables()
+    source = PassCountingSource(triples)
+    source.iter_error = ValueError("workers failed to start")
+    with PingPongLoader(source, features, timeout=5) as loader:
+        it = iter(loader)
+        with pytest.raises(ValueError, match="workers failed to start"):
+            next(it)
+        source.iter_error = None
+        assert len(list(loader)) == BATCHES
+
+
 # -- bad items ---------------------------------------------------------------------------
 class CountingCPUDevice(CPUDevice):
     def __init__(self) -> None:
