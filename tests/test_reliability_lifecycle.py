@@ -443,9 +443,11 @@ def _wait_for_line(proc: subprocess.Popen[str], line: str, timeout: float) -> No
                          f"{proc.communicate()[1]}")
 
 
-def test_sigint_while_blocked_in_next():
-    """Ctrl-C in ``next()``: KeyboardInterrupt at once; caught or not, a clean exit."""
-    cases = [(mode, kind) for mode in ("catch", "uncaught") for kind in ("cpu", "fake")]
+def test_sigint_while_blocked_in_next_or_iter():
+    """Ctrl-C in ``next()``, or in ``iter(loader)`` waiting for the source's
+    ``iter()``: KeyboardInterrupt at once; caught or not, a clean exit."""
+    cases = [(mode, kind, where) for mode in ("catch", "uncaught")
+             for kind, where in (("cpu", "next"), ("fake", "next"), ("cpu", "iter"))]
     procs = {case: _spawn("sigint_in_next.py", *case) for case in cases}
     try:
         _check_sigint_children(procs)
@@ -456,35 +458,35 @@ def test_sigint_while_blocked_in_next():
             proc.communicate()
 
 
-def _check_sigint_children(procs: dict[tuple[str, str], subprocess.Popen[str]]) -> None:
+def _check_sigint_children(procs: dict[tuple[str, str, str], subprocess.Popen[str]]) -> None:
     for proc in procs.values():
         _wait_for_line(proc, "READY", 90)
     time.sleep(0.3)  # let them block in next()
     failures = []
-    for (mode, kind), proc in procs.items():
+    for (mode, kind, where), proc in procs.items():
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         if mode == "catch":
             _wait_for_line(proc, "INTERRUPTED", 5)
             if time.monotonic() - sent > 1.0:
-                failures.append(f"{kind}: next() took {time.monotonic() - sent:.2f} s to let go")
+                failures.append(f"{kind}/{where}: took {time.monotonic() - sent:.2f} s to let go")
         try:
             _, stderr = proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
-            failures.append(f"{mode}/{kind}: the child did not exit after SIGINT")
+            failures.append(f"{mode}/{kind}/{where}: the child did not exit after SIGINT")
             continue
         exit_s = time.monotonic() - sent
         if "Fatal Python error" in stderr:
-            failures.append(f"{mode}/{kind}: fatal error\n{stderr}")
+            failures.append(f"{mode}/{kind}/{where}: fatal error\n{stderr}")
         # 3 s, plus the bounded wait close() grants a kernel warm-up still compiling
         # in a fresh process (cpu_device_module.WARM_UP_JOIN_S)
         if exit_s > 3.0 + cpu_device_module.WARM_UP_JOIN_S:
-            failures.append(f"{mode}/{kind}: exit took {exit_s:.1f} s")
+            failures.append(f"{mode}/{kind}/{where}: exit took {exit_s:.1f} s")
         if mode == "catch" and proc.returncode != 0:
-            failures.append(f"{mode}/{kind}: rc {proc.returncode}\n{stderr}")
+            failures.append(f"{mode}/{kind}/{where}: rc {proc.returncode}\n{stderr}")
         if mode == "uncaught" and (proc.returncode == 0 or "KeyboardInterrupt" not in stderr):
-            failures.append(f"{mode}/{kind}: rc {proc.returncode}\n{stderr}")
+            failures.append(f"{mode}/{kind}/{where}: rc {proc.returncode}\n{stderr}")
     assert not failures, "\n".join(failures)
 
 

@@ -1,9 +1,11 @@
-"""Child process: block in ``next()`` on a stalled source, wait for SIGINT.
+"""Child process: block in ``next()`` (or ``iter()``) on a stalled source, wait for SIGINT.
 
-Usage: ``python sigint_in_next.py {catch|uncaught} {cpu|fake}``.
-Prints ``READY`` just before blocking; with ``catch`` it prints
-``INTERRUPTED`` after the KeyboardInterrupt and exits normally, leaving the
-producer stuck inside the source (interpreter exit must still be clean).
+Usage: ``python sigint_in_next.py {catch|uncaught} {cpu|fake} [next|iter]``.
+Prints ``READY`` just before blocking -- in ``next()`` after one batch, or
+with ``iter``, in ``iter(loader)`` waiting for a source whose ``iter()`` never
+returns; with ``catch`` it prints ``INTERRUPTED`` after the KeyboardInterrupt
+and exits normally, leaving the producer stuck inside the source
+(interpreter exit must still be clean).
 """
 
 from __future__ import annotations
@@ -27,10 +29,29 @@ class Stalled:
         threading.Event().wait()
 
 
+class StalledStart:
+    """Its iter() blocks forever (a sampler whose workers never start)."""
+
+    def __iter__(self):
+        threading.Event().wait()
+
+
 def main() -> None:
     mode, device_kind = sys.argv[1], sys.argv[2]
+    where = sys.argv[3] if len(sys.argv) > 3 else "next"
     device = FakeAsyncDevice(seed=0) if device_kind == "fake" else "cpu"
-    loader = PingPongLoader(Stalled(), torch.randn(N, 4), torch.arange(N), device=device)
+    source = StalledStart() if where == "iter" else Stalled()
+    loader = PingPongLoader(source, torch.randn(N, 4), torch.arange(N), device=device)
+    if where == "iter":
+        print("READY", flush=True)
+        if mode == "catch":
+            try:
+                iter(loader)
+            except KeyboardInterrupt:
+                print("INTERRUPTED", flush=True)
+            return
+        iter(loader)
+        return
     it = iter(loader)
     next(it)
     print("READY", flush=True)
