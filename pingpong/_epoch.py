@@ -8,6 +8,7 @@ epoch, the iterator or the loader, so dropping them stops it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -52,13 +53,14 @@ _WAKEUP = _Wakeup()
 
 def _stop_iteration_error() -> RuntimeError:
     """What the training loop gets, caused by it, for a ``StopIteration`` raised
-    by code pingpong ran for it (a ``form=``, a row source, a health check):
+    by code pingpong ran for it (the source's ``iter()``, a ``form=``, a row
+    source, a health check):
     raised out of ``next()`` as it is, it would end the loop's ``for`` as if the
     epoch were over -- the rule PEP 479 set for generators."""
     return RuntimeError(
-        "StopIteration raised inside pingpong's pipeline (a form=, a row source or a "
-        "health check; see the cause above): not the end of the epoch, which would "
-        "have ended the training loop early"
+        "StopIteration raised inside pingpong's pipeline (the source's iter(), a form=, "
+        "a row source or a health check; see the cause above): not the end of the "
+        "epoch, which would have ended the training loop early"
     )
 
 
@@ -143,7 +145,16 @@ class Epoch:
         )
         register_epoch(self)
         stats.add(epochs=1)
-        self.thread.start()
+        try:
+            self.thread.start()
+        except BaseException:
+            # Ctrl-C inside Thread.start(), which waits in Python code for the new
+            # thread: it may be running already, and nothing would hold this epoch to
+            # stop it -- an orphan filling the loader's slots under later epochs.
+            self.end(EpochState.FAILED)
+            with contextlib.suppress(RuntimeError):  # a thread not started has no join
+                self.retire(SHORT_JOIN_TIMEOUT_S)
+            raise
 
     # -- consumer side -------------------------------------------------------
     def wait_for_source_start(self) -> None:
@@ -164,7 +175,10 @@ class Epoch:
             return
         start = time.perf_counter()
         try:
-            for wait in self._polls(start, "the source's iter() did not return"):
+            what = ("the source's iter() did not return (nor start: the producer waits "
+                    "for its turn in DGL's RPC client before it)" if self.takes_rpc_turns
+                    else "the source's iter() did not return")
+            for wait in self._polls(start, what):
                 if self._source_started.acquire(timeout=wait):
                     self._source_started.release()
                     return

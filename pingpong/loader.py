@@ -286,9 +286,11 @@ class PingPongLoader(Iterable[Any]):
         (what that raised comes out of the first ``next()``), so every
         ``iter(loader)`` starts exactly one pass of the source, in order, as
         ``iter(source)`` in the plain loop would -- also one superseded or
-        closed at once.  The wait honours ``timeout=``
+        closed at once on the same thread.  The wait honours ``timeout=``
         (:class:`~pingpong.errors.BatchTimeoutError`), ``close()`` from
-        another thread and Ctrl-C.
+        another thread and Ctrl-C; it ends early (that pass may not start)
+        when another thread supersedes this epoch, and is skipped inside
+        :func:`pingpong.rpc_turn` for a loader that takes turns.
         """
         epoch = self._core.start_epoch()
         epoch.wait_for_source_start()
