@@ -117,7 +117,7 @@ class Epoch:
         self.write_lock = threading.Lock()
         # Held until the producer has called iter(source) (or left without): a
         # plain lock, not an Event, so Ctrl-C in the wait is a clean KeyboardInterrupt
-        # (Event.wait runs Python-level Condition code, like Queue.get, see below).
+        # (Event.wait runs Python-level Condition code, like Queue.get, see above).
         self._source_started = threading.Lock()
         self._source_started.acquire()
         self.thread = threading.Thread(
@@ -143,14 +143,22 @@ class Epoch:
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,
         )
+
+    def start(self) -> None:
+        """Start the producer thread; once, after the loader holds this epoch.
+
+        Two steps, so that a Ctrl-C that lands once the thread runs finds the
+        epoch held by its loader (``close()``, the next ``iter()`` and
+        interpreter exit stop it) -- never an orphan producer refilling the
+        loader's slots under later epochs.
+        """
         register_epoch(self)
-        stats.add(epochs=1)
+        self.stats.add(epochs=1)
         try:
             self.thread.start()
         except BaseException:
             # Ctrl-C inside Thread.start(), which waits in Python code for the new
-            # thread: it may be running already, and nothing would hold this epoch to
-            # stop it -- an orphan filling the loader's slots under later epochs.
+            # thread: it may be running already.
             self.end(EpochState.FAILED)
             with contextlib.suppress(RuntimeError):  # a thread not started has no join
                 self.retire(SHORT_JOIN_TIMEOUT_S)
@@ -175,8 +183,9 @@ class Epoch:
             return
         start = time.perf_counter()
         try:
-            what = ("the source's iter() did not return (nor start: the producer waits "
-                    "for its turn in DGL's RPC client before it)" if self.takes_rpc_turns
+            what = ("the source's iter() did not return (or has not started: its "
+                    "producer first needs the turn in DGL's RPC client, which another "
+                    "thread may hold)" if self.takes_rpc_turns
                     else "the source's iter() did not return")
             for wait in self._polls(start, what):
                 if self._source_started.acquire(timeout=wait):

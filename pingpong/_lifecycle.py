@@ -5,7 +5,9 @@ loop's iterator.  Its states (:class:`EpochState`) and every transition::
 
     RUNNING --(next() reads the producer's end-of-epoch marker)---------> EXHAUSTED
             --(next() re-raises a producer error; a timeout, Ctrl-C,
-               dead producer or failed debug check in next())----------> FAILED
+               dead producer or failed debug check in next(); a timeout,
+               Ctrl-C or health-check error while iter(loader) waits for
+               iter(source); Ctrl-C inside the producer's start)-------> FAILED
             --(iterator.close(); the iterator is garbage-collected)-----> CLOSED
             --(a newer iter(loader): a nested loop over one loader)-----> SUPERSEDED
             --(loader.close() from any thread; the loader is
@@ -233,7 +235,8 @@ def _wait_for_rpc_client(timeout: float) -> None:
 class LoaderCore:
     """What a loader, its iterators and its finaliser share: the one running epoch.
 
-    ``make_epoch`` builds a new, started :class:`~pingpong._epoch.Epoch`;
+    ``make_epoch`` builds a new :class:`~pingpong._epoch.Epoch`, which the
+    core holds before it starts it (see :meth:`~pingpong._epoch.Epoch.start`);
     the core owns ``device`` and closes it once, after the last epoch was
     retired.  Thread-safe.
     """
@@ -269,8 +272,9 @@ class LoaderCore:
                         "iterator it is in (a DataLoader with persistent_workers=True): a "
                         "new pass now would lose or share its items.  Nothing was "
                         "started; call iter() again once the source returns")
-            self.epoch = self._make_epoch()
-            return self.epoch
+            epoch = self.epoch = self._make_epoch()
+            epoch.start()  # held first: a Ctrl-C from here on leaves no orphan producer
+            return epoch
 
     def close(self) -> None:
         """``loader.close()`` and the loader's finaliser; idempotent, any thread."""

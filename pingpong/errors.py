@@ -28,7 +28,8 @@ exception                          raised when
 :class:`ConfigError`               a loader argument is invalid (``ValueError``)
 :class:`GatherModeUnavailable`     the requested gather mode cannot run on this
                                    device or build (``ValueError``)
-:class:`BatchTimeoutError`         no batch arrived within ``timeout`` seconds
+:class:`BatchTimeoutError`         no batch arrived (or the source's ``iter()``
+                                   did not return) within ``timeout`` seconds
                                    (``TimeoutError``)
 :class:`ServerGoneError`           a DGL server this process pulls from or
                                    samples through closed its connection
@@ -99,7 +100,8 @@ class GatherModeUnavailable(ConfigError):
 
 
 class BatchTimeoutError(PingPongError, TimeoutError):
-    """No batch arrived within the loader's ``timeout``."""
+    """No batch arrived within the loader's ``timeout`` (``next()``), or the
+    source's ``iter()`` did not return within it (``iter(loader)``)."""
 
 
 class ServerGoneError(PingPongError, ConnectionError):

@@ -70,9 +70,10 @@ class PingPongLoader(Iterable[Any]):
             ``cpu`` on the CPU; on CUDA it is ``device`` when the tables take at
             most half of the GPU's free memory, else ``zerocopy`` (logged at
             INFO; ``loader.gather_mode`` says which).
-        timeout: seconds to wait for a batch before raising ``TimeoutError``;
-            ``None`` waits as long as the source needs (a dead producer is
-            still noticed).  The next ``iter()`` waits up to 2 s for the
+        timeout: seconds to wait for a batch -- or, in ``iter()``, for the
+            source's ``iter()`` -- before raising ``TimeoutError``; ``None``
+            waits as long as the source needs (a dead producer is still
+            noticed).  The next ``iter()`` waits up to 2 s for the
             producer still inside the source, then starts the new pass -- or,
             for a ``DataLoader`` with ``persistent_workers=True`` (its
             ``iter()`` resets the iterator that producer is in), raises
@@ -288,7 +289,7 @@ class PingPongLoader(Iterable[Any]):
         ``iter(source)`` in the plain loop would -- also one superseded or
         closed at once on the same thread.  The wait honours ``timeout=``
         (:class:`~pingpong.errors.BatchTimeoutError`), ``close()`` from
-        another thread and Ctrl-C; it ends early (that pass may not start)
+        another thread, ``health_check`` and Ctrl-C; it ends early (that pass may not start)
         when another thread supersedes this epoch, and is skipped inside
         :func:`pingpong.rpc_turn` for a loader that takes turns.
         """

@@ -26,7 +26,8 @@ key                       meaning
 ``producer_cpu_s``        CPU seconds the producer threads used (``time.thread_time``):
                           what the pipeline takes from the training loop's cores,
                           the source's (sampler's) work included
-``consumer_stall_s``      time the training loop waited inside ``next()``
+``consumer_stall_s``      time the training loop waited inside ``next()`` (and
+                          ``iter()``, for the source's ``iter()``)
 ``overlap_ratio``         share of the producer's work hidden behind training:
                           ``1 - consumer_stall_s / producer_busy_s`` (clamped to
                           [0, 1]); 1.0 means the loop never waited for data

@@ -765,8 +765,10 @@ test_loader_lifecycle_state_machine = LoaderLifecycle.TestCase
 def test_fault_in_a_new_epoch_after_an_epoch_left_before_its_pass_began(
         keep_reference: bool) -> None:
     """The state machine's steps new epoch, break out, new epoch with a sampler fault
-    (seen once in CI): the first epoch's producer starts its pass only while the
-    second epoch retires it. The second epoch must still run a pass of its own -- the
+    (seen once in CI, when ``iter()`` returned before the producer's ``iter(source)``:
+    the first epoch's pass began only while the second epoch retired it).  Now
+    ``iter()`` waits through ``iter_delay_s``, so the left epoch's pass has begun
+    before the second starts; the second must still run a pass of its own -- the
     source's latest -- and its loop must get the fault, at the right position."""
     machine = LoaderLifecycle()
     try:

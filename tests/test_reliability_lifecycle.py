@@ -461,7 +461,7 @@ def test_sigint_while_blocked_in_next_or_iter():
 def _check_sigint_children(procs: dict[tuple[str, str, str], subprocess.Popen[str]]) -> None:
     for proc in procs.values():
         _wait_for_line(proc, "READY", 90)
-    time.sleep(0.3)  # let them block in next()
+    time.sleep(0.3)  # let them block in next() or iter()
     failures = []
     for (mode, kind, where), proc in procs.items():
         sent = time.monotonic()

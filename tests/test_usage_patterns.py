@@ -251,10 +251,12 @@ def test_iter_waits_for_a_slow_source_start_and_honours_timeout():
     source.gate.clear()  # iter(source) blocks
     with PingPongLoader(source, features, labels, timeout=0.5) as loader:
         start = time.monotonic()
-        with pytest.raises(pingpong.BatchTimeoutError, match="source's iter"):
-            iter(loader)
-        assert 0.45 <= time.monotonic() - start < 2.0
-        source.gate.set()
+        try:
+            with pytest.raises(pingpong.BatchTimeoutError, match="source's iter"):
+                iter(loader)
+            assert 0.45 <= time.monotonic() - start < 2.0
+        finally:
+            source.gate.set()
         assert [expect_batch(b, triples, features, labels) for b in loader] == list(
             range(BATCHES))
     assert source.passes == 2
@@ -268,13 +270,34 @@ def test_close_from_another_thread_ends_an_iter_waiting_for_the_source():
     closer = threading.Timer(0.3, loader.close)
     closer.start()
     start = time.monotonic()
-    it = iter(loader)  # waits for iter(source), until the close
-    waited = time.monotonic() - start
-    closer.join()
-    source.gate.set()
+    try:
+        it = iter(loader)  # waits for iter(source), until the close
+        waited = time.monotonic() - start
+    finally:
+        source.gate.set()  # before the join: close() waits for the producer
+        closer.join()
     assert 0.25 <= waited < 1.5
     with pytest.raises(pingpong.LoaderClosedError):
         next(it)
+
+
+def test_a_health_check_failing_while_iter_waits_for_the_source_is_raised_by_iter():
+    triples, features, _ = triples_and_tables()
+    source = PassCountingSource(triples)
+    source.gate.clear()
+    calls = []
+
+    def health_check() -> None:
+        calls.append(1)
+        if len(calls) > 3:
+            raise ConnectionError("server 1 gone")
+
+    with PingPongLoader(source, features, health_check=health_check) as loader:
+        try:
+            with pytest.raises(ConnectionError, match="server 1 gone"):
+                iter(loader)
+        finally:
+            source.gate.set()
 
 
 def test_what_iter_source_raises_comes_out_of_the_first_next():
@@ -293,24 +316,29 @@ def test_what_iter_source_raises_comes_out_of_the_first_next():
         assert len(list(loader)) == BATCHES
 
 
-def test_ctrl_c_inside_the_producers_thread_start_leaves_no_orphan(monkeypatch):
+@pytest.mark.parametrize("where", ["Thread.start", "after Epoch.start"])
+def test_ctrl_c_once_the_producer_runs_leaves_no_orphan(monkeypatch, where):
     """``Thread.start()`` waits in Python code for the new thread, so a Ctrl-C can
-    land there after the producer runs.  Found (user-style SIGINT storm): that
+    land there after the producer runs -- or just after, before ``iter()`` returns.
+    Found (user-style SIGINT storm; a review found the second window): that
     producer was held by nothing, ran on after ``close()`` and refilled slots
     under later epochs' held batches.  The signal is simulated where it lands."""
+    from pingpong._epoch import Epoch
+
     triples, features, labels = triples_and_tables(12)
     source = SeqSource(triples, shuffle=False)
     source.delay_s = 0.05  # the orphan would still be mid-pass during the next epoch
-    real_start = threading.Thread.start
+    owner, name = (threading.Thread, "start") if where == "Thread.start" else (Epoch, "start")
+    real_start = getattr(owner, name)
 
-    def start_then_ctrl_c(thread: threading.Thread) -> None:
-        real_start(thread)
-        if thread.name.startswith("pingpong-producer"):
-            monkeypatch.setattr(threading.Thread, "start", real_start)
+    def start_then_ctrl_c(self: Any) -> None:
+        real_start(self)
+        if where != "Thread.start" or self.name.startswith("pingpong-producer"):
+            monkeypatch.setattr(owner, name, real_start)
             raise KeyboardInterrupt
 
     loader = PingPongLoader(source, features, labels, num_buffers=2)
-    monkeypatch.setattr(threading.Thread, "start", start_then_ctrl_c)
+    monkeypatch.setattr(owner, name, start_then_ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         iter(loader)
     source.delay_s = 0.0
