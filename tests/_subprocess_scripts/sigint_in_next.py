@@ -43,26 +43,19 @@ def main() -> None:
     source = StalledStart() if where == "iter" else Stalled()
     loader = PingPongLoader(source, torch.randn(N, 4), torch.arange(N), device=device)
     if where == "iter":
-        print("READY", flush=True)
-        if mode == "catch":
-            try:
-                iter(loader)
-            except KeyboardInterrupt:
-                print("INTERRUPTED", flush=True)
-            return
-        iter(loader)
-        return
-    it = iter(loader)
-    next(it)
+        block = lambda: iter(loader)  # noqa: E731 - the call that blocks
+    else:
+        it = iter(loader)
+        next(it)
+        block = lambda: next(it)  # noqa: E731
     print("READY", flush=True)
     if mode == "catch":
         try:
-            next(it)
+            block()
         except KeyboardInterrupt:
             print("INTERRUPTED", flush=True)
         return
-    next(it)
-
+    block()
 
 if __name__ == "__main__":
     main()
