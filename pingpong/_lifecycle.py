@@ -262,7 +262,11 @@ class LoaderCore:
                 # Always the full join, even after a failure: a producer still
                 # inside the source would take items meant for the new epoch
                 # from a source whose iter() resets a shared iterator (torchdata #1482).
-                previous.retire(JOIN_TIMEOUT_S)
+                try:
+                    previous.retire(JOIN_TIMEOUT_S)
+                except BaseException:  # a Ctrl-C in the join: it is not retired yet
+                    self.epoch = previous  # ended; the next iter() or close() retires it
+                    raise
                 previous.hand_back_lease()
                 if previous.thread.is_alive() and self.source_shares_its_iterator:
                     self.epoch = previous  # ended; the next iter() waits for it again

@@ -526,6 +526,34 @@ EXIT_SCENARIOS = {
 }
 
 
+def test_a_ctrl_c_while_iter_retires_the_previous_epoch_leaves_it_to_the_next_iter(monkeypatch):
+    """A Ctrl-C landing in ``iter()``'s join of the previous epoch: the loader keeps
+    that epoch, and the next ``iter()`` retires it and hands its held slot back
+    (found by reading: forgotten, its release events were never recorded, and
+    the new producer refilled the slot under reads queued on the held batch)."""
+    triples = seq_triples(N, 12)
+    features = make_table()
+    device = fake(seed=0, max_delay_s=0.0)
+    source = SeqSource(triples, shuffle=True)
+    real_retire = epoch_module.Epoch.retire
+
+    def ctrl_c_in_the_join(self: epoch_module.Epoch, join_s: float) -> None:
+        monkeypatch.setattr(epoch_module.Epoch, "retire", real_retire)
+        raise KeyboardInterrupt
+
+    with pingpong.PingPongLoader(source, features, device=device, num_buffers=2) as loader:
+        it = iter(loader)
+        held = next(it)
+        x = held.x
+        device.consumer_submit(lambda: time.sleep(0.3))
+        copy = device.consumer_submit(lambda: x.clone())
+        monkeypatch.setattr(epoch_module.Epoch, "retire", ctrl_c_in_the_join)
+        with pytest.raises(KeyboardInterrupt):
+            iter(loader)
+        assert sum(1 for _ in loader) == 12
+        assert torch.equal(copy.result(), features[triples[source.order[0][0]][0]])
+
+
 def test_interpreter_exit_with_a_live_iterator():
     """No "Fatal Python error", the expected exit status, and a prompt exit.
 
