@@ -10,7 +10,7 @@ import torch
 
 from .errors import IdShapeError, IdTypeError
 from .kernels._checks import check_id_array, check_id_range
-from .store import FeatureStore, Table
+from .store import FeatureStore, Table, TableKey
 
 _TORCH_ID_DTYPES = (torch.int32, torch.int64)
 
@@ -60,7 +60,7 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
 
 
 #: Validated ids per table key: what each feature / label table is gathered with.
-TableIds = dict[str | None, np.ndarray]
+TableIds = dict[TableKey, np.ndarray]
 
 
 def batch_ids(
@@ -84,23 +84,26 @@ def batch_ids(
     looked at (their ids are delivered as given); ids that are not a dict are
     the ids of the only table where the loader has one feature table and at
     most one label table (a graph of one node type).
+    Label tables keyed by edge type (either store) are the same: table ``k``
+    gets ``label_ids[k]``; one label table keyed ``None`` gets ``label_ids``.
     The names are what error messages call the ids.
 
     Raises what :func:`host_ids` raises, and ``IdTypeError`` when a
     heterogeneous batch's ids are not a dict and the loader has more tables.
     """
-    gather_labels = bool(store.label_tables) and label_ids is not None
+    one_type = len(store.tables) == 1 and len(store.label_tables) <= 1
+    y_ids: TableIds = {}
+    if not store.label_tables or label_ids is None:
+        pass
+    elif store.labels_by_type:
+        kind = "edge type" if store.label_kind == "edge" else "node type"
+        y_ids = _typed_ids(label_ids, store.label_tables, label_name, one_type, kind)
+    else:
+        y_ids[None] = host_ids(label_ids, store.label_tables[None].num_rows, label_name)
     if not store.heterogeneous:
         x_ids = host_ids(feature_ids, store.num_rows, feature_name)
-        y_ids: TableIds = {}
-        if gather_labels:
-            y_ids[None] = host_ids(label_ids, store.label_tables[None].num_rows, label_name)
         return dict.fromkeys(store.tables, x_ids), y_ids
-    one_type = len(store.tables) == 1 and len(store.label_tables) <= 1
-    return (
-        _typed_ids(feature_ids, store.tables, feature_name, one_type),
-        _typed_ids(label_ids, store.label_tables, label_name, one_type) if gather_labels else {},
-    )
+    return _typed_ids(feature_ids, store.tables, feature_name, one_type), y_ids
 
 
 #: The ids of a table with none in a batch.  Writeable like every array of a
@@ -108,19 +111,19 @@ def batch_ids(
 _NO_IDS = np.empty(0, dtype=np.int64)
 
 
-def _typed_ids(ids: Any, tables: dict[str | None, Table], name: str,
-               one_type: bool) -> TableIds:
-    """Each table's validated ids from a dict by node type (none where the type is
-    absent).  With ``one_type`` (one feature table, at most one label table),
-    plain ids are the table's: DGL gives a graph of one node type (and several
-    edge types) ``input_nodes`` as a tensor, while ``output_nodes`` follow the
-    seeds, a dict if they were one."""
+def _typed_ids(ids: Any, tables: dict[TableKey, Table], name: str,
+               one_type: bool, kind: str = "node type") -> TableIds:
+    """Each table's validated ids from a dict by ``kind`` (node or edge type; none
+    where the type is absent).  With ``one_type`` (one feature table, at most
+    one label table), plain ids are the table's: DGL gives a graph of one node
+    type (and several edge types) ``input_nodes`` as a tensor, while
+    ``output_nodes`` follow the seeds, a dict if they were one."""
     if not isinstance(ids, Mapping):
         if not one_type:
             raise IdTypeError(
-                f"heterogeneous=True: {name} must be a dict {{node type: ids}}, got "
-                f"{type(ids).__name__} (plain ids are taken as a node type's only "
-                "where the loader has one feature table and at most one label table)"
+                f"{name} must be a dict {{{kind}: ids}} (the loader's tables are keyed "
+                f"by {kind}), got {type(ids).__name__} (plain ids are taken as a type's "
+                "only where the loader has one feature table and at most one label table)"
             )
         ids = dict.fromkeys(tables, ids)
     return {

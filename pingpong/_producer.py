@@ -30,7 +30,7 @@ from .forms import ItemPlan, ItemReader, place_graphs
 from .rowsource import FetchedRows, RemoteTable
 from .slots import Buffer, Slot
 from .stats import LoaderStats
-from .store import FeatureStore, Table
+from .store import FeatureStore, Table, TableKey
 
 
 @dataclass(frozen=True)
@@ -333,7 +333,7 @@ def _input_rows(store: FeatureStore, x_ids: TableIds) -> int:
     return sum(len(ids) for ids in x_ids.values())
 
 
-def _bytes(tables: dict[str | None, Table], ids: TableIds) -> int:
+def _bytes(tables: dict[TableKey, Table], ids: TableIds) -> int:
     """Bytes gathered from ``tables`` when each is read at ``ids[key]`` (none
     from a table without ids: labels of a batch whose form gave none)."""
     return sum(len(ids[key]) * table.row_bytes for key, table in tables.items() if key in ids)
@@ -372,8 +372,8 @@ def _fetched_counts(fetched: Fetched) -> dict[str, int]:
 
 
 def _gather_all(
-    buffers: dict[str | None, Buffer], ids: TableIds, fetched: Fetched, device: Device
-) -> dict[str | None, Any]:
+    buffers: dict[TableKey, Buffer], ids: TableIds, fetched: Fetched, device: Device
+) -> dict[TableKey, Any]:
     """Queue the gather of every buffer's table at ``ids[key]`` into the buffer
     (for a row source: the copy of its fetched rows); a buffer whose key has no
     ids (labels of a batch whose form gave none) is left alone.
@@ -425,5 +425,5 @@ def _fill(
     moved = device.move_graphs(graphs)
     ready_event = device.record()
     x = xs if store.is_dict else xs[None]
-    y = ys.get(None) if not store.heterogeneous else (ys if ys else None)
+    y = ys.get(None) if not store.labels_by_type else (ys or None)
     return Delivery(slot.generation, slot, ready_event, plan.build(moved, x, y))

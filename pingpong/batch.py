@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from .slots import Lease
 
 Features = torch.Tensor | dict[str, torch.Tensor]
+#: Edge labels: one tensor, or a dict by edge type (names or canonical triples).
+EdgeLabels = torch.Tensor | dict[str | tuple[str, str, str], torch.Tensor]
 
 
 def _clone(value: Any) -> Any:
@@ -106,7 +108,7 @@ class _EdgeFields(NamedTuple):
     pair_graph: Any
     blocks: Any
     x: Features
-    y: torch.Tensor | None
+    y: EdgeLabels | None
 
 
 class EdgeBatch(LeasedBatch, _EdgeFields):
@@ -115,7 +117,9 @@ class EdgeBatch(LeasedBatch, _EdgeFields):
     What DGL's ``as_edge_prediction_sampler(sampler)`` item ``(input_nodes,
     pair_graph, blocks)`` becomes: the same fields, graphs on the device, plus
     ``x = features[input_nodes]`` and ``y = edge_labels[pair_graph.edata[dgl.EID]]``
-    (``None`` without ``edge_labels``).
+    (``None`` without ``edge_labels``; with a dict of edge label tables, a dict
+    ``{key: edge_labels[key][pair_graph.edata[dgl.EID][etype]]}``, ``etype``
+    the canonical edge type ``key`` names).
     """
 
 
@@ -125,7 +129,7 @@ class _NegativeEdgeFields(NamedTuple):
     neg_pair_graph: Any
     blocks: Any
     x: Features
-    y: torch.Tensor | None
+    y: EdgeLabels | None
 
 
 class NegativeEdgeBatch(LeasedBatch, _NegativeEdgeFields):

@@ -21,6 +21,7 @@ from .cache import make_feature_cache
 from .devices import Device, make_device
 from .errors import ConfigError, TableError
 from .forms import FormCallable, ItemReader
+from .forms._dgl import match_edge_types
 from .forms._dgl_dist import restartable_dgl_loader
 from .forms._graphbolt import pipeline_node_types
 from .rowsource import RemoteTable, RowSource
@@ -56,7 +57,9 @@ class PingPongLoader(Iterable[Any]):
             ``None`` or a dict ``{node type: table}``.
         edge_labels: edge labels for edge-prediction items, instead of
             ``labels``: a host tensor with one row per edge id of the graph,
-            gathered at ``pair_graph.edata[dgl.EID]`` into ``batch.y``.
+            gathered at ``pair_graph.edata[dgl.EID]`` into ``batch.y``; or a
+            dict ``{edge type: table}`` (keys: edge type names or canonical
+            triples), each gathered at that type's edge ids into ``batch.y[key]``.
         form: a callable ``form(item) -> (feature_ids, label_ids or None)`` for
             items of any other form; the batch is then a
             :class:`~pingpong.CustomBatch` ``(item, x, y)``.
@@ -175,7 +178,10 @@ class PingPongLoader(Iterable[Any]):
         sort_ids: str = "auto",
         debug: bool = False,
         heterogeneous: bool = False,
-        edge_labels: torch.Tensor | RowSource | None = None,
+        # keys: edge type names or canonical triples, checked at run time (a dict
+        # literal mixing both is a Mapping[Sequence[str], ...] to a type checker)
+        edge_labels: torch.Tensor | RowSource | Mapping[Any, torch.Tensor | RowSource]
+        | None = None,
         form: FormCallable | None = None,
         cache_bytes: Count = 0,
         hot_ids: torch.Tensor | None = None,
@@ -217,10 +223,11 @@ class PingPongLoader(Iterable[Any]):
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
         )
-        _check_node_types(source, self._store)
+        _check_table_types(source, self._store)
         self._sample_ahead = (any(isinstance(t, RemoteTable) for t in self._store.all_tables)
                               if sample_ahead is None else sample_ahead)
-        reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form)
+        reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form,
+                            _edge_label_keys(self._store))
         table_bytes = sum(t.nbytes_local for t in self._store.all_tables)
         self._device: Device = make_device(
             device, gather, gather_threads, sort_ids, table_bytes
@@ -404,23 +411,40 @@ def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
     return frozenset(int(c) for c in ids)
 
 
-def _check_node_types(source: Any, store: FeatureStore) -> None:
+def _edge_label_keys(store: FeatureStore) -> tuple[Any, ...] | None:
+    """The keys of edge label tables by edge type; ``None`` for one table or node labels."""
+    if store.label_kind == "edge" and store.labels_by_type:
+        return tuple(store.label_tables)
+    return None
+
+
+def _check_table_types(source: Any, store: FeatureStore) -> None:
     """With a source that knows its graph (DGL's ``DataLoader.graph``, the
     sampling graph in a GraphBolt pipeline), a heterogeneous store's table keys
-    must be node types of it: a misspelt type would otherwise get zero rows in
-    every batch, silently.
+    must be node types of it, and edge label tables' keys edge types of it: a
+    misspelt type would otherwise fail at the first batch, or -- a node type --
+    get zero rows in every batch, silently.
 
     Raises:
-        TableError: a feature or label table is keyed by a type the graph lacks.
+        TableError: a table is keyed by a type the graph lacks (or, an edge type
+            name, has several of).
     """
+    graph = getattr(source, "graph", None)
+    edge_label_keys = _edge_label_keys(store)
+    canonical_etypes = getattr(graph, "canonical_etypes", None)
+    if edge_label_keys is not None and isinstance(canonical_etypes, (list, tuple)):
+        match_edge_types(edge_label_keys, list(canonical_etypes), "the source's", TableError)
     if not store.heterogeneous:
         return
-    ntypes = getattr(getattr(source, "graph", None), "ntypes", None)
+    ntypes = getattr(graph, "ntypes", None)
     if not isinstance(ntypes, (list, tuple)):
         ntypes = pipeline_node_types(source)  # a GraphBolt DataLoader's sampling graph
     if ntypes is None:
         return
-    for what, tables in (("features", store.tables), ("labels", store.label_tables)):
+    node_keyed = [("features", store.tables)]
+    if store.label_kind == "node":
+        node_keyed.append(("labels", store.label_tables))
+    for what, tables in node_keyed:
         for key in tables:
             if key not in ntypes:
                 raise TableError(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import BatchExpiredError
-from .store import FeatureStore, Table
+from .store import FeatureStore, Table, TableKey
 
 if TYPE_CHECKING:
     from .devices.base import Device, Event
@@ -82,8 +82,8 @@ class Slot:
     """
 
     index: int
-    x: dict[str | None, Buffer]
-    y: dict[str | None, Buffer]
+    x: dict[TableKey, Buffer]
+    y: dict[TableKey, Buffer]
     release_events: tuple[Any, ...]
     #: Incremented each time the producer refills the slot (the ``debug`` check).
     generation: int = 0

@@ -151,6 +151,12 @@ def make_host_table(value: Any, name: str) -> HostTable:
     return HostTable(name, tensor, byte_rows(tensor).numpy())
 
 
+#: What a table is keyed by: ``None`` (the one table of its kind), a feature
+#: name or node type (``str``), or -- edge label tables -- an edge type, as its
+#: name or canonical ``(source type, edge type, destination type)``.
+TableKey = str | tuple[str, str, str] | None
+
+
 @dataclass(frozen=True)
 class FeatureStore:
     """The validated feature tables and optional label tables.
@@ -165,10 +171,15 @@ class FeatureStore:
     ``label_tables`` are node types; each table has its own ``N``, row shape
     and dtype and is gathered with ``input_nodes[ntype]`` (labels:
     ``output_nodes[ntype]``).  ``batch.x`` and ``batch.y`` are dicts.
+
+    Edge labels (``label_kind == "edge"``, either kind of store): one table
+    keyed ``None``, gathered at a pair graph's edge ids, or one per edge type
+    (keys: edge type names or canonical triples), gathered at that type's
+    edge ids; ``batch.y`` is then a dict with the same keys.
     """
 
-    tables: dict[str | None, Table]
-    label_tables: dict[str | None, Table]
+    tables: dict[TableKey, Table]
+    label_tables: dict[TableKey, Table]
     heterogeneous: bool = False
     #: What the label table is indexed by: ``"node"`` ids, ``"edge"`` ids
     #: (``edge_labels=``: one row per edge of the graph), or ``"none"``.
@@ -186,20 +197,47 @@ class FeatureStore:
         return None not in self.tables
 
     @property
+    def labels_by_type(self) -> bool:
+        """Several label tables, keyed by node or edge type (``batch.y`` is a dict)."""
+        return bool(self.label_tables) and None not in self.label_tables
+
+    @property
     def all_tables(self) -> list[Table]:
         """Every feature and label table (for pinning or copying once)."""
         return [*self.tables.values(), *self.label_tables.values()]
 
 
-def _table_dict(values: Mapping[Any, Any], what: str) -> dict[str | None, Table]:
+def _table_dict(values: Mapping[Any, Any], what: str) -> dict[TableKey, Table]:
     if not values:
         raise TableError(f"{what} is an empty dict; give at least one table")
-    tables: dict[str | None, Table] = {}
+    tables: dict[TableKey, Table] = {}
     for key, value in values.items():
         if not isinstance(key, str):
             raise TableError(f"{what} dict keys must be str, got {key!r}")
         tables[key] = make_table(value, f"{what}[{key!r}]")
     return tables
+
+
+def _edge_label_tables(edge_labels: Any) -> dict[TableKey, Table]:
+    """``{None: table}`` for one table, else one table per edge type: keys are edge
+    type names or canonical ``(source type, edge type, destination type)`` triples."""
+    if not isinstance(edge_labels, Mapping):
+        return {None: make_table(edge_labels, "edge_labels")}
+    if not edge_labels:
+        raise TableError("edge_labels is an empty dict; give at least one table")
+    tables: dict[TableKey, Table] = {}
+    for key, value in edge_labels.items():
+        if not (isinstance(key, str) or _is_canonical_etype(key)):
+            raise TableError(
+                "edge_labels dict keys must be edge types: a name such as 'rates' or a "
+                f"canonical ('user', 'rates', 'item') tuple of three str, got {key!r}"
+            )
+        tables[key] = make_table(value, f"edge_labels[{key!r}]")
+    return tables
+
+
+def _is_canonical_etype(key: Any) -> bool:
+    return isinstance(key, tuple) and len(key) == 3 and all(isinstance(k, str) for k in key)
 
 
 def make_feature_store(features: Any, labels: Any = None,
@@ -208,16 +246,18 @@ def make_feature_store(features: Any, labels: Any = None,
 
     ``labels`` are node labels (``N`` rows, like the features); ``edge_labels``
     are edge labels (one row per edge id of the graph, any number of rows),
-    for edge-prediction items.  At most one of the two.  With
-    ``heterogeneous=True`` ``features`` and ``labels`` must be mappings keyed
-    by node type (``labels`` may be ``None``), a node type in both must have
-    as many label rows as feature rows, and ``edge_labels`` is not supported.
+    for edge-prediction items: one table, or a mapping ``{edge type: table}``
+    (one row per edge id of that type; keys are edge type names or canonical
+    triples), with or without ``heterogeneous=True``.  At most one of the
+    two.  With ``heterogeneous=True`` ``features`` and ``labels`` must be
+    mappings keyed by node type (``labels`` may be ``None``), and a node type
+    in both must have as many label rows as feature rows.
 
     Raises:
         TableError: see :func:`make_host_table`; also mismatched row counts
-            between tables, or labels whose length differs from the features'.
-        ConfigError: both ``labels`` and ``edge_labels``, or ``edge_labels``
-            with ``heterogeneous=True``.
+            between tables, labels whose length differs from the features',
+            or ``edge_labels`` keys that are not edge types.
+        ConfigError: both ``labels`` and ``edge_labels``.
     """
     if edge_labels is not None:
         if labels is not None:
@@ -226,15 +266,15 @@ def make_feature_store(features: Any, labels: Any = None,
                 "a batch's y is one of them"
             )
         if heterogeneous:
-            raise ConfigError("edge_labels= is not supported with heterogeneous=True yet")
-        if isinstance(features, Mapping):
+            tables = _make_heterogeneous_store(features, None).tables
+        elif isinstance(features, Mapping):
             tables = _table_dict(features, "features")
         else:
             tables = {None: make_table(features, "features")}
-        _check_same_rows(tables)
-        return FeatureStore(
-            tables, {None: make_table(edge_labels, "edge_labels")}, label_kind="edge"
-        )
+        if not heterogeneous:
+            _check_same_rows(tables)
+        return FeatureStore(tables, _edge_label_tables(edge_labels), heterogeneous,
+                            label_kind="edge")
     if heterogeneous:
         return _make_heterogeneous_store(features, labels)
     if isinstance(features, Mapping):
@@ -242,7 +282,7 @@ def make_feature_store(features: Any, labels: Any = None,
     else:
         tables = {None: make_table(features, "features")}
     num_rows = _check_same_rows(tables)
-    label_tables: dict[str | None, Table] = {}
+    label_tables: dict[TableKey, Table] = {}
     if labels is not None:
         if isinstance(labels, Mapping):
             raise TableError(
@@ -259,7 +299,7 @@ def make_feature_store(features: Any, labels: Any = None,
     return FeatureStore(tables, label_tables, label_kind="node" if label_tables else "none")
 
 
-def _check_same_rows(tables: dict[str | None, Table]) -> int:
+def _check_same_rows(tables: dict[TableKey, Table]) -> int:
     """The common row count of homogeneous feature tables (``TableError`` if they differ)."""
     row_counts = {t.name: t.num_rows for t in tables.values()}
     if len(set(row_counts.values())) != 1:
@@ -278,7 +318,7 @@ def _make_heterogeneous_store(features: Any, labels: Any) -> FeatureStore:
             f"{type(features).__name__}"
         )
     tables = _table_dict(features, "features")
-    label_tables: dict[str | None, Table] = {}
+    label_tables: dict[TableKey, Table] = {}
     if labels is not None:
         if not isinstance(labels, Mapping):
             raise TableError(

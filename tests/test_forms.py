@@ -391,26 +391,190 @@ def _two_edge_type_source() -> tuple[Any, tuple[str, str, str]]:
                                       batch_size=32), cites
 
 
-def test_edge_labels_on_several_edge_types_name_them_and_the_form_that_works():
-    """The pair graph's edge ids are a dict by edge type: edge_labels= alone is refused
-    naming the types (it was told to use heterogeneous=True, which refuses edge_labels=),
-    and the form the message suggests gathers that type's labels bit for bit."""
-    source, cites = _two_edge_type_source()
+def test_one_edge_label_table_on_several_edge_types_is_refused_naming_them():
+    """The pair graph's edge ids are a dict by edge type: one edge_labels= table is
+    refused naming the types and the dict that works, before any row is read."""
+    source, _ = _two_edge_type_source()
     device = CountingCPUDevice()
     with PingPongLoader(source, FEATURES, edge_labels=EDGE_LABELS, device=device) as loader:
         with pytest.raises(pingpong.BatchFormError,
-                           match=r"several edge types .*'cites'.*form=lambda item"):
+                           match=r"several edge types .*'cites'.*edge_labels as a dict"):
             next(iter(loader))
     assert device.gathers == 0
-    with PingPongLoader(source, FEATURES, edge_labels=EDGE_LABELS,
-                        form=lambda item: (item[0], item[1].edata[dgl.EID][cites])) as loader:
+
+
+# -- edge labels per edge type ----------------------------------------------------------
+RATES, FOLLOWS, RATED_BY = ("user", "rates", "item"), ("user", "follows", "user"), \
+    ("item", "rated-by", "user")
+USERS, ITEMS = 50, 80
+TYPED_EDGES = {RATES: 600, RATED_BY: 300, FOLLOWS: 200}
+
+
+def _rating_graph() -> Any:
+    """Users rate items and follow users: two node types, three edge types."""
+    gen = torch.Generator().manual_seed(3)
+    sizes = {"user": USERS, "item": ITEMS}
+    return dgl.heterograph({
+        etype: (torch.randint(0, sizes[etype[0]], (count,), generator=gen),
+                torch.randint(0, sizes[etype[2]], (count,), generator=gen))
+        for etype, count in TYPED_EDGES.items()
+    }, num_nodes_dict=sizes)
+
+
+TYPED_FEATURES = {"user": torch.arange(USERS * 4.0).reshape(USERS, 4) / 3,
+                  "item": torch.arange(ITEMS * 3, dtype=torch.float64).reshape(ITEMS, 3)}
+RATINGS = (torch.arange(TYPED_EDGES[RATES]) * 5) % 7  # one rating per rates edge
+FOLLOW_WEIGHTS = torch.arange(TYPED_EDGES[FOLLOWS] * 2, dtype=torch.float16).reshape(-1, 2)
+
+
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+@pytest.mark.parametrize("negatives", [True, False], ids=["negatives", "no-negatives"])
+def test_edge_labels_per_edge_type_on_a_heterograph(device_kind, negatives):
+    """A user-item rating task: edge_labels={edge type: table} (a name and a canonical
+    triple as keys), heterogeneous=True; y[key] is that type's labels at that type's
+    edge ids, bit for bit, two epochs, every seed edge once per epoch."""
+    seeds = {"rates": torch.arange(0, TYPED_EDGES[RATES], 2), "follows": torch.arange(90)}
+    negative = dgl.dataloading.negative_sampler.Uniform(1) if negatives else None
+    source = dgl.dataloading.DataLoader(
+        _rating_graph(), seeds,
+        dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([3, 3]),
+                                                   negative_sampler=negative),
+        batch_size=40, shuffle=True)
+    edge_labels = {"rates": RATINGS, FOLLOWS: FOLLOW_WEIGHTS}
+    device = _device(device_kind)
+    checker = Checker(device)
+
+    def check(batch: Any) -> dict[Any, torch.Tensor]:
+        assert type(batch) is (pingpong.NegativeEdgeBatch if negatives else pingpong.EdgeBatch)
+        edge_ids = batch.pair_graph.edata[dgl.EID]
+        assert isinstance(batch.y, dict)
+        assert set(batch.y) == {"rates", FOLLOWS}  # the keys as the loader was given them
+        checker.equal(batch.y["rates"], RATINGS[edge_ids[RATES]])
+        checker.equal(batch.y[FOLLOWS], FOLLOW_WEIGHTS[edge_ids[FOLLOWS]])
+        assert isinstance(batch.x, dict)
+        for ntype, table in TYPED_FEATURES.items():
+            checker.equal(batch.x[ntype], table[batch.input_nodes[ntype]])
+        return {etype: edge_ids[etype] for etype in (RATES, FOLLOWS)}
+
+    with PingPongLoader(source, TYPED_FEATURES, edge_labels=edge_labels, device=device,
+                        heterogeneous=True) as loader:
+        per_epoch = _epochs(loader, check)
+        checker.resolve()
+    for batches in per_epoch:
+        for etype, name in ((RATES, "rates"), (FOLLOWS, "follows")):
+            got = torch.cat([ids[etype] for ids in batches]).sort().values
+            assert torch.equal(got, seeds[name])
+    assert checker.checked == 4 * sum(len(batches) for batches in per_epoch)  # 4 tables
+
+
+def test_edge_labels_per_edge_type_on_a_graph_of_one_node_type():
+    """One node type, two edge types: features stay one tensor (no heterogeneous=True),
+    and only the edge types with a table are gathered."""
+    source, cites = _two_edge_type_source()
+    with PingPongLoader(source, FEATURES, edge_labels={"cites": EDGE_LABELS}) as loader:
         batches = 0
         for batch in loader:
-            input_nodes, pair_graph = batch.item[0], batch.item[1]
-            assert torch.equal(batch.x, FEATURES[input_nodes])
-            assert torch.equal(batch.y, EDGE_LABELS[pair_graph.edata[dgl.EID][cites]])
+            assert torch.equal(batch.x, FEATURES[batch.input_nodes])
+            assert isinstance(batch.y, dict)
+            assert list(batch.y) == ["cites"]
+            assert torch.equal(batch.y["cites"],
+                               EDGE_LABELS[batch.pair_graph.edata[dgl.EID][cites]])
             batches += 1
     assert batches == 2
+
+
+def test_one_edge_label_table_on_a_bipartite_graph_of_one_edge_type():
+    """Two node types, one edge type: the pair graph's edge ids are one tensor, so one
+    edge_labels= table works with heterogeneous=True (batch.y a tensor)."""
+    gen = torch.Generator().manual_seed(4)
+    graph = dgl.heterograph({RATES: (torch.randint(0, USERS, (600,), generator=gen),
+                                     torch.randint(0, ITEMS, (600,), generator=gen))})
+    source = dgl.dataloading.DataLoader(
+        graph, torch.arange(100),
+        dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2])),
+        batch_size=32)
+    with PingPongLoader(source, TYPED_FEATURES, edge_labels=RATINGS,
+                        heterogeneous=True) as loader:
+        seen = []
+        for batch in loader:
+            edge_ids = batch.pair_graph.edata[dgl.EID]
+            assert torch.equal(batch.y, RATINGS[edge_ids])
+            for ntype, table in TYPED_FEATURES.items():
+                assert torch.equal(batch.x[ntype], table[batch.input_nodes[ntype]])
+            seen.append(edge_ids)
+    assert torch.equal(torch.cat(seen).sort().values, torch.arange(100))
+
+
+def _twin_named_graph() -> Any:
+    """Two edge types both named 'to' (user->item, item->user)."""
+    return dgl.heterograph({("user", "to", "item"): ([0, 1], [1, 2]),
+                            ("item", "to", "user"): ([2, 1], [0, 1])})
+
+
+@pytest.mark.parametrize(
+    ("graph", "edge_labels", "needle"),
+    [
+        (_rating_graph, {"rate": RATINGS}, r"edge_labels\['rate'\] names no edge type .*"
+                                          r"\('user', 'rates', 'item'\)"),
+        (_rating_graph, {("user", "rates", "user"): RATINGS}, "names no edge type"),
+        (_twin_named_graph, {"to": torch.zeros(2)},
+         r"edge_labels\['to'\] is the name of several edge types .* canonical triple"),
+        (_rating_graph, {"rates": RATINGS, RATES: RATINGS},
+         r"edge_labels\[\('user', 'rates', 'item'\)\] and edge_labels\['rates'\] are both"),
+    ],
+    ids=["misspelt-name", "wrong-triple", "ambiguous-name", "same-type-twice"],
+)
+@pytest.mark.parametrize("where", ["built", "read"])
+def test_edge_label_keys_that_name_no_single_edge_type_are_refused(graph, edge_labels,
+                                                                   needle, where):
+    """When the loader is built if the source knows its graph (DGL's DataLoader.graph:
+    TableError), else at the first batch, before any row is read (BatchFormError)."""
+    g = graph()
+    dl = dgl.dataloading.DataLoader(
+        g, {g.canonical_etypes[0]: torch.arange(2)},
+        dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([1])),
+        batch_size=2)
+    features = {ntype: torch.zeros(g.num_nodes(ntype), 2) for ntype in g.ntypes}
+    if where == "built":
+        with pytest.raises(pingpong.TableError, match=needle):
+            PingPongLoader(dl, features, edge_labels=edge_labels, heterogeneous=True)
+        return
+    device = CountingCPUDevice()
+    with PingPongLoader(list(dl), features, edge_labels=edge_labels, heterogeneous=True,
+                        device=device) as loader:
+        with pytest.raises(pingpong.BatchFormError, match=needle):
+            next(iter(loader))
+    assert device.gathers == 0
+
+
+@pytest.mark.parametrize(
+    ("edge_labels", "error", "needle"),
+    [
+        ({}, pingpong.TableError, "edge_labels is an empty dict"),
+        ({3: RATINGS}, pingpong.TableError, "edge_labels dict keys must be edge types"),
+        ({("user", "rates"): RATINGS}, pingpong.TableError, "tuple of three str"),
+        ({"rates": [1, 2]}, pingpong.TableError, r"edge_labels\['rates'\]"),
+    ],
+    ids=["empty", "int-key", "pair-key", "list-table"],
+)
+def test_bad_edge_label_dicts_are_refused_at_construction(edge_labels, error, needle):
+    with pytest.raises(error, match=needle):
+        PingPongLoader([], TYPED_FEATURES, edge_labels=edge_labels, heterogeneous=True)
+
+
+def test_bad_edge_ids_of_one_edge_type_are_refused_before_any_row_is_read():
+    source = dgl.dataloading.DataLoader(
+        _rating_graph(), {"rates": torch.arange(300, 340)},
+        dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2])),
+        batch_size=40)
+    device = CountingCPUDevice()
+    short = {"rates": RATINGS[:300].contiguous(), FOLLOWS: FOLLOW_WEIGHTS}
+    with PingPongLoader(source, TYPED_FEATURES, edge_labels=short, heterogeneous=True,
+                        device=device) as loader:
+        with pytest.raises(pingpong.IdRangeError,
+                           match=r"pair_graph.edata\[dgl.EID\]\['rates'\]\[0\] = 300 "):
+            next(iter(loader))
+    assert device.gathers == 0
 
 
 def _hetero_graph() -> Any:

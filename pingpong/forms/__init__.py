@@ -127,14 +127,18 @@ class ItemReader:
             (``edge_labels``) or ``"none"``.
         heterogeneous: the loader's tables are per node type.
         form: the loader's ``form=`` callable, or ``None``.
+        edge_label_keys: the keys of edge label tables by edge type (names or
+            canonical triples), or ``None`` for one edge label table.
     """
 
     def __init__(
-        self, label_kind: LabelKind, heterogeneous: bool, form: FormCallable | None
+        self, label_kind: LabelKind, heterogeneous: bool, form: FormCallable | None,
+        edge_label_keys: tuple[Any, ...] | None = None,
     ) -> None:
         self.label_kind = label_kind
         self.heterogeneous = heterogeneous
         self.form = form
+        self.edge_label_keys = edge_label_keys
 
     def read(self, item: Any, seq: int) -> ItemPlan:
         """The plan for ``item`` (the ``seq``-th of its epoch); reads no row.
@@ -194,7 +198,8 @@ class ItemReader:
         neg_pair_graph = item[2] if negatives else None
         blocks = item[-1]
         label_ids = (
-            original_edge_ids(pair_graph, "pair_graph") if self.label_kind == "edge" else None
+            original_edge_ids(pair_graph, "pair_graph", self.edge_label_keys)
+            if self.label_kind == "edge" else None
         )
         heads = [pair_graph, neg_pair_graph] if negatives else [pair_graph]
         block_graphs = _graph_list(blocks)

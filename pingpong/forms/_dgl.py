@@ -43,8 +43,16 @@ def original_node_ids(graph: Any, what: str) -> Any:
         ) from None
 
 
-def original_edge_ids(graph: Any, what: str) -> Any:
-    """``graph.edata[dgl.EID]`` (edge-prediction pair graphs carry the seed edges' ids)."""
+def original_edge_ids(graph: Any, what: str, label_keys: tuple[Any, ...] | None = None) -> Any:
+    """``graph.edata[dgl.EID]`` (edge-prediction pair graphs carry the seed edges' ids).
+
+    With ``label_keys`` (the keys of edge label tables by edge type: names or
+    canonical triples), a dict ``{key: that edge type's ids}``; without, the
+    one id tensor of a graph of one edge type.  Raises
+    :class:`~pingpong.errors.BatchFormError` for a graph without edge ids,
+    several edge types without ``label_keys``, or a key that names no edge
+    type of the graph, or several.
+    """
     try:
         edge_ids = graph.edata[EID]
     except KeyError:
@@ -52,17 +60,48 @@ def original_edge_ids(graph: Any, what: str) -> Any:
             f"{what} has no edata[dgl.EID], so there are no edge ids to gather "
             "edge_labels at"
         ) from None
+    if label_keys is not None:
+        canonical = list(graph.canonical_etypes)
+        by_type = edge_ids if isinstance(edge_ids, Mapping) else {canonical[0]: edge_ids}
+        matched = match_edge_types(label_keys, canonical, f"{what}'s", BatchFormError)
+        return {key: by_type[etype] for key, etype in matched.items()}
     if isinstance(edge_ids, Mapping):  # several edge types: one id tensor per type
         types = ", ".join(repr(etype) for etype in edge_ids)
         raise BatchFormError(
             f"edge_labels= is one table indexed by {what}.edata[dgl.EID], but this "
             f"graph has several edge types ({types}), each with its own edge ids.  "
-            "On a graph of one node type, for one edge type's labels pass that type's "
-            "table as edge_labels= with form=lambda item: (item[0], "
-            "item[1].edata[dgl.EID][canonical_etype]), canonical_etype one of the keys "
-            "above"
+            "Pass edge_labels as a dict {edge type: table}, keyed by edge type names "
+            "or canonical triples as above (batch.y is then a dict by the same keys)"
         )
     return edge_ids
+
+
+def match_edge_types(keys: tuple[Any, ...], canonical: list[tuple[str, str, str]],
+                     whose: str, error: type[Exception]) -> dict[Any, tuple[str, str, str]]:
+    """The canonical edge type each key names: a canonical triple itself, or the
+    one whose name (middle part) is the key.
+
+    Raises ``error`` naming the key for a key that names no edge type of
+    ``canonical``, a name shared by several (spell it out as a triple), or two
+    keys naming the same edge type.
+    """
+    types: dict[Any, tuple[str, str, str]] = {}
+    for key in keys:
+        found = [c for c in canonical if key == c or key == c[1]]
+        if len(found) != 1:
+            problem = "names no edge type" if not found else "is the name of several edge types"
+            raise error(
+                f"edge_labels[{key!r}] {problem} of {whose} graph; its edge types are "
+                f"{sorted(canonical)}" + (" -- key it by the canonical triple" if found else "")
+            )
+        twin = next((k for k, c in types.items() if c == found[0]), None)
+        if twin is not None:
+            raise error(
+                f"edge_labels[{key!r}] and edge_labels[{twin!r}] are both edge type "
+                f"{found[0]!r}; give each edge type one table"
+            )
+        types[key] = found[0]
+    return types
 
 
 def edge_block_from_dgl(graph: Any) -> EdgeBlock:
