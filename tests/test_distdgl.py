@@ -269,10 +269,12 @@ def test_edge_prediction_on_a_heterogeneous_distgraph_equals_synchronous_pulls(
         part_dir: Path, tmp_path: Path) -> None:
     """``DistEdgeDataLoader`` on the heterogeneous DistGraph, seed edges of two edge
     types, uniform negatives, ``exclude="self"``, a DistTensor per node type,
-    ``heterogeneous=True``: every table of every batch equals the synchronous pulls
-    and the original tables, bit for bit; the positive edges of each type cover the
-    trainer's share once; DGL leaves seed edges in the blocks of a heterogeneous
-    DistGraph too, and pingpong warns once (``no-exclude``: no warning)."""
+    ``heterogeneous=True``, edge labels by edge type (a DistTensor per type, keyed by
+    a name and a canonical triple): every table of every batch equals the
+    synchronous pulls and the original tables, bit for bit; the positive edges of
+    each type cover the trainer's share once; DGL leaves seed edges in the blocks of
+    a heterogeneous DistGraph too, and pingpong warns once (``no-exclude``: no
+    warning)."""
     ranks = run_clean_job("edge-hetero", tmp_path, part_dir)
     for report in ranks:
         assert report["batch_types"] == ["NegativeEdgeBatch"]
@@ -280,6 +282,10 @@ def test_edge_prediction_on_a_heterogeneous_distgraph_equals_synchronous_pulls(
         assert report["node_types_seen"] == ["author", "paper"]
         assert report["mismatch_vs_sync_pull"] == 0
         assert report["mismatch_vs_original"] == 0
+        assert report["label_keys"] == ["('author', 'writes', 'paper')", "cites"]
+        assert report["label_rows"] > 0
+        assert report["label_mismatch_vs_sync_pull"] == 0
+        assert report["label_mismatch_vs_original"] == 0
         assert report["edges_are_share"] == {"cites": True, "writes": True}
         assert_negatives_seed_edges_and_one_warning(report)
 

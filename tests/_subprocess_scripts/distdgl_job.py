@@ -607,8 +607,12 @@ def hetero_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]]:
     g.nodes["paper"].data["label"] = torch.randint(0, 5, (papers,), generator=gen)
     g.nodes["paper"].data["train_mask"] = torch.rand(papers, generator=gen) < 0.5
     g.nodes["author"].data["feat"] = torch.randn(authors, 7, generator=gen).double()
-    return g, {(t, k): g.nodes[t].data[k] for t in HETERO_NODES for k in ("feat", "label")
-               if k in g.nodes[t].data}
+    # edge labels of two types, for edge-hetero's edge_labels= by edge type
+    g.edges["cites"].data["label"] = torch.randint(0, 7, (8000,), generator=gen)
+    g.edges["writes"].data["label"] = torch.randn(5000, 3, generator=gen)
+    tables = {(t, k): g.nodes[t].data[k] for t in HETERO_NODES for k in ("feat", "label")
+              if k in g.nodes[t].data}
+    return g, {**tables, **{(et, "label"): g.edges[et].data["label"] for et in EDGE_SEED_TYPES}}
 
 
 def edge_label_graph(gen: torch.Generator) -> tuple[Any, dict[Any, torch.Tensor]]:
@@ -784,26 +788,33 @@ def params_sha256(model: torch.nn.Module) -> str:
 
 def trainer_edge_hetero(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     """A shuffled epoch of edge prediction on the heterogeneous DistGraph: seed edges
-    of two edge types, uniform negatives, ``exclude="self"``; every batch's tables
-    against the rows pulled afterwards and the original tables, node type by node
-    type; the batch's seed edges counted among its blocks' edges, type by type."""
+    of two edge types, uniform negatives, ``exclude="self"``, edge labels by edge type
+    (keyed by a name and by a canonical triple); every batch's tables against the
+    rows pulled afterwards and the original tables, node type by node type and edge
+    type by edge type; the batch's seed edges counted among its blocks' edges."""
     import dgl
 
     g = tr.g
     feats = {t: g.nodes[t].data["feat"] for t in HETERO_NODES}
+    writes = ("author", "writes", "paper")
+    edge_labels = {"cites": g.edges["cites"].data["label"],
+                   writes: g.edges["writes"].data["label"]}
+    etype_of = {"cites": ("paper", "cites", "paper"), writes: writes}
     truth = torch.load(part_dir / "edge-hetero" / "orig.pt")
     # This trainer's edges of each seed type: every other one of the first 1,200.
     eids = {et: torch.arange(tr.rank, min(g.num_edges(et), 1200), 2) for et in EDGE_SEED_TYPES}
     source = edge_prediction_loader(g, eids)
     kept = []
+    labels: list[dict[Any, torch.Tensor]] = []
     seeds_in_blocks = 0
     with warnings.catch_warnings(record=True) as caught, \
             pingpong.PingPongLoader(source, feats, heterogeneous=True, device="cpu",
-                                    timeout=120) as loader:
+                                    edge_labels=edge_labels, timeout=120) as loader:
         warnings.simplefilter("always")
         for batch in loader:
             pair = batch.pair_graph
             seeds = {et: pair.edges[et].data[dgl.EID].clone() for et in pair.canonical_etypes}
+            labels.append({key: y.clone() for key, y in batch.y.items()})
             for block in batch.blocks:
                 for et, ids in seeds.items():
                     if et in block.canonical_etypes:
@@ -817,14 +828,24 @@ def trainer_edge_hetero(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
         len_loader = len(loader)
     # The epoch is over: the producer no longer uses DGL's RPC.
     diff_sync = diff_truth = 0
+    label_diff_sync = label_diff_truth = label_rows = 0
     types_seen: set[str] = set()
-    for _name, input_nodes, x, _seeds, _neg in kept:
+    for (_name, input_nodes, x, seeds, _neg), y in zip(kept, labels, strict=True):
         types_seen |= {t for t, ids in input_nodes.items() if len(ids)}
         for t, ids in input_nodes.items():
             ref = ids.roll(1) if BREAK == "wrong-pull" else ids
             diff_sync += not same_bits(x[t], feats[t][ref])
             diff_truth += not same_bits(
                 x[t], truth["tables"][(t, "feat")][truth["orig_nids"][t][ids]])
+        for key, table in edge_labels.items():
+            etype = etype_of[key]
+            ids = seeds[etype]
+            ref = ids.roll(1) if BREAK == "wrong-pull" else ids
+            label_rows += len(ids)
+            label_diff_sync += not same_bits(y[key], table[ref])
+            orig = truth["orig_eids"].get(etype, truth["orig_eids"].get(etype[1]))
+            label_diff_truth += not same_bits(
+                y[key], truth["tables"][(etype[1], "label")][orig[ids]])
     seen = {}
     for et in EDGE_SEED_TYPES:
         ids = [k[3][c] for k in kept for c in k[3] if c[1] == et]
@@ -832,6 +853,9 @@ def trainer_edge_hetero(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, 
     return {"batch_types": sorted({k[0] for k in kept}), "batches": len(kept),
             "len_loader": len_loader, "mismatch_vs_sync_pull": diff_sync,
             "mismatch_vs_original": diff_truth, "node_types_seen": sorted(types_seen),
+            "label_mismatch_vs_sync_pull": label_diff_sync,
+            "label_mismatch_vs_original": label_diff_truth, "label_rows": label_rows,
+            "label_keys": sorted(str(k) for k in (labels[0] if labels else {})),
             "edges_are_share": seen, "negatives": sum(k[4] for k in kept), "stats": stats,
             "seed_edges_in_blocks": seeds_in_blocks,
             "warnings": [str(w.message) for w in caught]}
