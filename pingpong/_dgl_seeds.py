@@ -10,7 +10,10 @@ is built, for the samplers whose seeds are known to be node or edge ids of
 
 - node ids: DGL's ``BlockSampler`` family (``NeighborSampler``,
   ``MultiLayerFullNeighborSampler``, ``LaborSampler``) and ``ShaDowKHopSampler``;
-- edge ids: ``as_edge_prediction_sampler`` (``EdgePredictionSampler``).
+- edge ids: ``as_edge_prediction_sampler`` (``EdgePredictionSampler``);
+- DistDGL's ``DistNodeDataLoader`` (node ids) and ``DistEdgeDataLoader`` (edge
+  ids) against their ``DistGraph``, whatever the sampler: there an
+  out-of-range seed is looked up in the partition book.
 
 Seeds may be tensors, NumPy arrays or lists, plain or in a dict by type.
 Other samplers (ClusterGCN's seeds are partition numbers, SAINT's iteration
@@ -32,7 +35,9 @@ from .errors import IdRangeError
 
 def check_dgl_loader_seeds(source: Any) -> None:
     """Check ``source.indices`` against ``source.graph`` when ``source`` is a DGL
-    ``DataLoader`` with a sampler of known seeds (see the module docstring).
+    ``DataLoader`` with a sampler of known seeds, or a ``DistNodeDataLoader`` /
+    ``DistEdgeDataLoader``'s seeds against its ``DistGraph`` (see the module
+    docstring).
 
     Never imports DGL: a source of DGL's exists only once DGL is imported.
 
@@ -41,19 +46,38 @@ def check_dgl_loader_seeds(source: Any) -> None:
             edges) of its type.
     """
     dataloading = getattr(sys.modules.get("dgl"), "dataloading", None)
-    if dataloading is None or not isinstance(source, dataloading.DataLoader):
+    if dataloading is None:
         return
-    kind = _seed_kind(dataloading, getattr(source, "graph_sampler", None))
-    graph, indices = getattr(source, "graph", None), getattr(source, "indices", None)
+    if isinstance(source, dataloading.DataLoader):
+        kind = _seed_kind(dataloading, getattr(source, "graph_sampler", None))
+        graph, indices = getattr(source, "graph", None), getattr(source, "indices", None)
+    elif (seeds := _dist_seeds(dataloading, source)) is not None:
+        kind, graph, indices = seeds
+    else:
+        return
     if kind is None or graph is None:
         return
+    loader = type(source).__name__
     if isinstance(indices, Mapping):
         for key, ids in indices.items():
-            _check(graph, kind, key, _as_tensor(ids))
+            _check(graph, kind, key, _as_tensor(ids), loader)
     elif (ids := _as_tensor(indices)) is not None:
         types = getattr(graph, "ntypes" if kind == "node" else "canonical_etypes", None)
         if isinstance(types, list | tuple) and len(types) == 1:  # ids of its only type
-            _check(graph, kind, None, ids)
+            _check(graph, kind, None, ids, loader)
+
+
+def _dist_seeds(dataloading: Any, source: Any) -> tuple[str, Any, Any] | None:
+    """``(kind, DistGraph, seeds)`` of a ``DistNodeDataLoader`` or
+    ``DistEdgeDataLoader`` (its collator holds them), else None."""
+    for name, kind, field in (("DistNodeDataLoader", "node", "nids"),
+                              ("DistEdgeDataLoader", "edge", "eids")):
+        cls = getattr(dataloading, name, None)
+        collator = getattr(source, "collator", None) or \
+            getattr(getattr(source, "collate_fn", None), "__self__", None)
+        if cls is not None and isinstance(source, cls) and hasattr(collator, field):
+            return kind, getattr(collator, "g", None), getattr(collator, field)
+    return None
 
 
 def _as_tensor(ids: Any) -> torch.Tensor | None:
@@ -82,7 +106,7 @@ def _seed_kind(dataloading: Any, sampler: Any) -> str | None:
     return "node" if node_seeded and isinstance(sampler, node_seeded) else None
 
 
-def _check(graph: Any, kind: str, key: Any, ids: torch.Tensor | None) -> None:
+def _check(graph: Any, kind: str, key: Any, ids: torch.Tensor | None, loader: str) -> None:
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64) \
             or ids.numel() == 0:
         return  # what is no id tensor is DGL's to refuse
@@ -96,7 +120,7 @@ def _check(graph: Any, kind: str, key: Any, ids: torch.Tensor | None) -> None:
     bad = low if low < 0 else high
     where = "" if key is None else f"[{key!r}]"
     raise IdRangeError(
-        f"the DGL DataLoader's seed {kind} ids{where} include {bad}, outside the graph's "
+        f"the DGL {loader}'s seed {kind} ids{where} include {bad}, outside the graph's "
         f"{count} {kind}s{'' if key is None else f' of type {key!r}'} (valid ids are "
         f"0 <= id < {count}); DGL's sampler does not check its seeds and would read "
         "outside its arrays"

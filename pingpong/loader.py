@@ -191,6 +191,7 @@ class PingPongLoader(Iterable[Any]):
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
+        check_dgl_loader_seeds(source)  # a DistNodeDataLoader's before it is wrapped
         if isinstance(source, Iterator):
             restartable = restartable_dgl_loader(source)  # DistNodeDataLoader & co.
             if restartable is None:
@@ -200,7 +201,6 @@ class PingPongLoader(Iterable[Any]):
                     "iterates it again"
                 )
             source = restartable
-        check_dgl_loader_seeds(source)
         if (count := integer(num_buffers)) is None or count < 2:
             raise ConfigError(f"num_buffers must be an int >= 2, got {num_buffers!r}")
         num_buffers = count

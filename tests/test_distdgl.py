@@ -414,6 +414,23 @@ def test_out_of_range_id_is_refused_before_any_pull(mode: str, part_dir: Path,
         assert report["feature_pulls"] == report["label_pulls"] == 2
 
 
+def test_out_of_range_seeds_of_dgls_distributed_loaders_are_refused_when_built(
+        part_dir: Path, tmp_path: Path) -> None:
+    """A ``DistNodeDataLoader`` seeded with node id N and a ``DistEdgeDataLoader``
+    seeded with edge id E: ``IdRangeError`` naming the loader and the seed when the
+    ``PingPongLoader`` is built, before anything is sampled.  (Unchecked, the node
+    seed surfaced only at its batch, as an input node out of range; DGL sampled
+    the edge seed without a word and the epoch ended normally.)"""
+    ranks = run_clean_job("edge-bad-seed", tmp_path, part_dir)
+    for report in ranks:
+        for kind, loader, count in (("node", "DistNodeDataLoader", report["num_nodes"]),
+                                    ("edge", "DistEdgeDataLoader", report["num_edges"])):
+            assert report[kind] is not None, kind
+            assert report[kind]["exception"] == "IdRangeError"
+            assert (f"the DGL {loader}'s seed {kind} ids include {count}, outside the "
+                    f"graph's {count} {kind}s") in report[kind]["message"]
+
+
 def test_out_of_range_id_of_one_node_type_is_refused_before_any_pull(
         part_dir: Path, tmp_path: Path) -> None:
     """Heterogeneous: batch 2 carries author id N among valid paper ids: IdRangeError

@@ -79,6 +79,10 @@ Modes (what a trainer does):
     The source's third batch gets the id ``N`` (one past the last row) among
     its input nodes. ``feat`` and ``label`` are counted pulls
     (``DelayedRows``, itself a row source, around each ``DistTensor``).
+``edge-bad-seed``
+    A ``DistNodeDataLoader`` whose seeds include the node id ``N`` and a
+    ``DistEdgeDataLoader`` whose seeds include the edge id ``E``, each given to
+    a ``PingPongLoader``; the exception of each construction recorded.
 ``hetero-bad-id``
     ``bad-id`` on the heterogeneous graph: the third batch gets the author id
     one past the last; paper and author features and paper labels are counted
@@ -128,8 +132,9 @@ Modes (what a trainer does):
 ``wrong-pull`` (equal, edge-equal, edge-hetero, edge-labels, hetero-equal: compare against the
 rows of the wrong ids), ``no-ddp`` (hetero-equal: each trainer trains alone),
 ``no-exclude`` (edge-equal, edge-hetero: no ``exclude`` asked for, so no check),
-``in-range`` (bad-id, hetero-bad-id: inject ``N - 1``), ``no-rpc-lock`` (early-exit, temporary: the
-producers do not take turns in DGL's RPC client), ``no-turn`` (early-exit: the
+``in-range`` (bad-id, hetero-bad-id, edge-bad-seed: inject ``N - 1``),
+``no-rpc-lock`` (early-exit, temporary: the producers do not take turns in DGL's
+RPC client), ``no-turn`` (early-exit: the
 training thread's own pulls do not take their turn), ``no-drain``
 (break-samplers, temporary-samplers: DGL's batches for a pass left early are not
 received), ``no-end`` (temporary: a dropped loader and its iterator do not end
@@ -406,6 +411,31 @@ def trainer_bad_id(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
         result["label_pulls"] = label.pulls
     result["delivered"] = delivered
     result["pulls_at_delivery"] = pulls_at_delivery
+    return result
+
+
+def trainer_bad_seed(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
+    """``edge-bad-seed``: the exception building a loader over DGL's distributed
+    loaders with one out-of-range seed raises (``None``: none)."""
+    import dgl
+
+    g = tr.g
+    result: dict[str, Any] = {"num_nodes": g.num_nodes(), "num_edges": g.num_edges()}
+    last = -1 if BREAK == "in-range" else 0
+    sources = {
+        "node": lambda: dgl.dataloading.DistNodeDataLoader(
+            g, torch.cat([tr.train_nids[:50], torch.tensor([g.num_nodes() + last])]),
+            dgl.dataloading.NeighborSampler(FANOUTS), batch_size=BATCH_SIZE),
+        "edge": lambda: dgl.dataloading.DistEdgeDataLoader(
+            g, torch.tensor([0, 1, g.num_edges() + last]),
+            dgl.dataloading.NeighborSampler(FANOUTS), batch_size=BATCH_SIZE),
+    }
+    for kind, make_source in sources.items():
+        try:
+            with pingpong.PingPongLoader(make_source(), g.ndata["feat"], timeout=120):
+                result[kind] = None
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            result[kind] = {"exception": type(exc).__name__, "message": str(exc)}
     return result
 
 
@@ -1152,6 +1182,7 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "edge-labels": trainer_edge_labels, "edge-hetero": trainer_edge_hetero,
             "hetero-equal": trainer_hetero_equal, "hetero-bad-id": trainer_hetero_bad_id,
             "edge-equal": trainer_edge_equal, "bad-id": trainer_bad_id,
+            "edge-bad-seed": trainer_bad_seed,
             "bad-id-samplers": trainer_bad_id, "server-stop-samplers": trainer_server_loss,
             "server-kill": trainer_server_loss, "server-kill-random": trainer_server_loss,
             "server-kill-samplers": trainer_server_loss,
