@@ -32,31 +32,38 @@ import torch
 
 from .errors import IdRangeError
 
+#: What a DGL loader samples from: ``(kind, graph, seeds)``, ``kind`` ``"node"``
+#: or ``"edge"`` (what the seeds are ids of); see :func:`dgl_loader_seeds`.
+Seeds = tuple[str, Any, Any]
 
-def check_dgl_loader_seeds(source: Any) -> None:
-    """Check ``source.indices`` against ``source.graph`` when ``source`` is a DGL
-    ``DataLoader`` with a sampler of known seeds, or a ``DistNodeDataLoader`` /
-    ``DistEdgeDataLoader``'s seeds against its ``DistGraph`` (see the module
-    docstring).
 
-    Never imports DGL: a source of DGL's exists only once DGL is imported.
+def dgl_loader_seeds(source: Any) -> Seeds | None:
+    """``(kind, graph, seeds)`` of a DGL ``DataLoader`` with a sampler of known
+    seeds, or of a ``DistNodeDataLoader`` / ``DistEdgeDataLoader`` (see the module
+    docstring); ``None`` for any other source.  Never imports DGL: a source of
+    DGL's exists only once DGL is imported."""
+    dataloading = getattr(sys.modules.get("dgl"), "dataloading", None)
+    if dataloading is None:
+        return None
+    if not isinstance(source, dataloading.DataLoader):
+        return _dist_seeds(dataloading, source)
+    kind = _seed_kind(dataloading, getattr(source, "graph_sampler", None))
+    graph = getattr(source, "graph", None)
+    if kind is None or graph is None:
+        return None
+    return kind, graph, getattr(source, "indices", None)
+
+
+def check_dgl_loader_seeds(source: Any, seeds: Seeds | None) -> None:
+    """Check a DGL loader's ``seeds`` (:func:`dgl_loader_seeds`) against its graph.
 
     Raises:
         IdRangeError: a seed id is negative or not below the number of nodes (or
             edges) of its type.
     """
-    dataloading = getattr(sys.modules.get("dgl"), "dataloading", None)
-    if dataloading is None:
+    if seeds is None:
         return
-    if isinstance(source, dataloading.DataLoader):
-        kind = _seed_kind(dataloading, getattr(source, "graph_sampler", None))
-        graph, indices = getattr(source, "graph", None), getattr(source, "indices", None)
-    elif (seeds := _dist_seeds(dataloading, source)) is not None:
-        kind, graph, indices = seeds
-    else:
-        return
-    if kind is None or graph is None:
-        return
+    kind, graph, indices = seeds
     loader = type(source).__name__
     if isinstance(indices, Mapping):
         for key, ids in indices.items():
@@ -67,6 +74,18 @@ def check_dgl_loader_seeds(source: Any) -> None:
             _check(graph, kind, None, ids, loader)
 
 
+def seed_ids(seeds: Any, etype: tuple[str, str, str]) -> torch.Tensor | None:
+    """The seeds of edge type ``etype`` among a loader's ``seeds``: given by its
+    name or canonical triple in a dict (DGL takes either), or all of plain seeds
+    (the caller's graph has one edge type); ``None`` when there are none."""
+    if not isinstance(seeds, Mapping):
+        return _as_tensor(seeds)
+    for given, ids in seeds.items():
+        if given == etype or given == etype[1]:
+            return _as_tensor(ids)
+    return None
+
+
 def _dist_seeds(dataloading: Any, source: Any) -> tuple[str, Any, Any] | None:
     """``(kind, DistGraph, seeds)`` of a ``DistNodeDataLoader`` or
     ``DistEdgeDataLoader`` (its collator holds them), else None."""
@@ -75,8 +94,9 @@ def _dist_seeds(dataloading: Any, source: Any) -> tuple[str, Any, Any] | None:
         cls = getattr(dataloading, name, None)
         collator = getattr(source, "collator", None) or \
             getattr(getattr(source, "collate_fn", None), "__self__", None)
-        if cls is not None and isinstance(source, cls) and hasattr(collator, field):
-            return kind, getattr(collator, "g", None), getattr(collator, field)
+        graph = getattr(collator, "g", None)
+        if cls is not None and isinstance(source, cls) and graph is not None:
+            return kind, graph, getattr(collator, field, None)
     return None
 
 

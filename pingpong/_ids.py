@@ -83,21 +83,25 @@ def batch_ids(
     types a batch happens not to contain); node types without a table are not
     looked at (their ids are delivered as given); ids that are not a dict are
     the ids of the only table where the loader has one feature table and at
-    most one label table (a graph of one node type).
+    most one node label table (a graph of one node type).
     Label tables keyed by edge type (either store) are the same: table ``k``
-    gets ``label_ids[k]``; one label table keyed ``None`` gets ``label_ids``.
+    gets ``label_ids[k]`` (plain ids where there is one such table); one label
+    table keyed ``None`` gets ``label_ids``.
     The names are what error messages call the ids.
 
     Raises what :func:`host_ids` raises, and ``IdTypeError`` when a
     heterogeneous batch's ids are not a dict and the loader has more tables.
     """
-    one_type = len(store.tables) == 1 and len(store.label_tables) <= 1
+    node_label_tables = store.label_tables if store.label_kind == "node" else {}
+    one_type = len(store.tables) == 1 and len(node_label_tables) <= 1
     y_ids: TableIds = {}
     if not store.label_tables or label_ids is None:
         pass
+    elif store.label_kind == "edge" and store.labels_by_type:
+        y_ids = _typed_ids(label_ids, store.label_tables, label_name,
+                           len(store.label_tables) == 1, "edge type")
     elif store.labels_by_type:
-        kind = "edge type" if store.label_kind == "edge" else "node type"
-        y_ids = _typed_ids(label_ids, store.label_tables, label_name, one_type, kind)
+        y_ids = _typed_ids(label_ids, store.label_tables, label_name, one_type)
     else:
         y_ids[None] = host_ids(label_ids, store.label_tables[None].num_rows, label_name)
     if not store.heterogeneous:

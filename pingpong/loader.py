@@ -13,17 +13,16 @@ from typing import Any, NoReturn, SupportsIndex
 import torch
 
 from . import _rpc
-from ._dgl_seeds import check_dgl_loader_seeds
+from ._dgl_seeds import check_dgl_loader_seeds, dgl_loader_seeds
 from ._epoch import Epoch, EpochIterator
 from ._integers import Count, integer
 from ._lifecycle import LoaderCore
+from ._table_types import check_tables_against_graph, edge_label_keys
 from .cache import make_feature_cache
 from .devices import Device, make_device
-from .errors import ConfigError, TableError
+from .errors import ConfigError
 from .forms import FormCallable, ItemReader
-from .forms._dgl import match_edge_types
 from .forms._dgl_dist import restartable_dgl_loader
-from .forms._graphbolt import pipeline_node_types
 from .rowsource import RemoteTable, RowSource
 from .serverwatch import ServerWatch, dgl_server_watch
 from .slots import Slot, make_slots
@@ -191,7 +190,8 @@ class PingPongLoader(Iterable[Any]):
     ) -> None:
         if not isinstance(source, Iterable):
             raise TypeError(f"source must be iterable, got {type(source).__name__}")
-        check_dgl_loader_seeds(source)  # a DistNodeDataLoader's before it is wrapped
+        seeds = dgl_loader_seeds(source)  # a DistNodeDataLoader's before it is wrapped
+        check_dgl_loader_seeds(source, seeds)
         if isinstance(source, Iterator):
             restartable = restartable_dgl_loader(source)  # DistNodeDataLoader & co.
             if restartable is None:
@@ -223,11 +223,11 @@ class PingPongLoader(Iterable[Any]):
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
         )
-        _check_table_types(source, self._store)
+        check_tables_against_graph(source, self._store, seeds)
         self._sample_ahead = (any(isinstance(t, RemoteTable) for t in self._store.all_tables)
                               if sample_ahead is None else sample_ahead)
         reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form,
-                            _edge_label_keys(self._store))
+                            edge_label_keys(self._store))
         table_bytes = sum(t.nbytes_local for t in self._store.all_tables)
         self._device: Device = make_device(
             device, gather, gather_threads, sort_ids, table_bytes
@@ -409,48 +409,6 @@ def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
     if bad or not ids:
         raise ConfigError(f"producer_cpus must be one or more CPU ids (ints >= 0), got {ids!r}")
     return frozenset(int(c) for c in ids)
-
-
-def _edge_label_keys(store: FeatureStore) -> tuple[Any, ...] | None:
-    """The keys of edge label tables by edge type; ``None`` for one table or node labels."""
-    if store.label_kind == "edge" and store.labels_by_type:
-        return tuple(store.label_tables)
-    return None
-
-
-def _check_table_types(source: Any, store: FeatureStore) -> None:
-    """With a source that knows its graph (DGL's ``DataLoader.graph``, the
-    sampling graph in a GraphBolt pipeline), a heterogeneous store's table keys
-    must be node types of it, and edge label tables' keys edge types of it: a
-    misspelt type would otherwise fail at the first batch, or -- a node type --
-    get zero rows in every batch, silently.
-
-    Raises:
-        TableError: a table is keyed by a type the graph lacks (or, an edge type
-            name, has several of).
-    """
-    graph = getattr(source, "graph", None)
-    edge_label_keys = _edge_label_keys(store)
-    canonical_etypes = getattr(graph, "canonical_etypes", None)
-    if edge_label_keys is not None and isinstance(canonical_etypes, (list, tuple)):
-        match_edge_types(edge_label_keys, list(canonical_etypes), "the source's", TableError)
-    if not store.heterogeneous:
-        return
-    ntypes = getattr(graph, "ntypes", None)
-    if not isinstance(ntypes, (list, tuple)):
-        ntypes = pipeline_node_types(source)  # a GraphBolt DataLoader's sampling graph
-    if ntypes is None:
-        return
-    node_keyed = [("features", store.tables)]
-    if store.label_kind == "node":
-        node_keyed.append(("labels", store.label_tables))
-    for what, tables in node_keyed:
-        for key in tables:
-            if key not in ntypes:
-                raise TableError(
-                    f"{what}[{key!r}]: the source's graph has no node type {key!r}; "
-                    f"its node types are {sorted(ntypes)}"
-                )
 
 
 def _shares_its_iterator(source: Any) -> bool:

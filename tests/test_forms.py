@@ -370,7 +370,7 @@ def test_refusals_name_the_problem_before_any_row_is_read(make_source, kwargs, n
 
 
 def test_bad_edge_ids_are_refused_before_any_row_is_read():
-    source = _edge_source()
+    source = list(_edge_source())  # no graph to check the table against when built
     device = CountingCPUDevice()
     short = EDGE_LABELS[:10].contiguous()  # pair graphs carry edge ids far beyond 10
     with PingPongLoader(source, FEATURES, edge_labels=short, device=device) as loader:
@@ -391,14 +391,21 @@ def _two_edge_type_source() -> tuple[Any, tuple[str, str, str]]:
                                       batch_size=32), cites
 
 
-def test_one_edge_label_table_on_several_edge_types_is_refused_naming_them():
+@pytest.mark.parametrize("where", ["built", "read"])
+def test_one_edge_label_table_on_several_edge_types_is_refused_naming_them(where):
     """The pair graph's edge ids are a dict by edge type: one edge_labels= table is
-    refused naming the types and the dict that works, before any row is read."""
+    refused naming the types and the dict that works -- when the loader is built
+    over DGL's DataLoader (it knows its graph), else before any row is read."""
     source, _ = _two_edge_type_source()
+    needle = r"several edge types .*'cites'.*edge_labels as a dict"
+    if where == "built":
+        with pytest.raises(pingpong.TableError, match=needle):
+            PingPongLoader(source, FEATURES, edge_labels=EDGE_LABELS)
+        return
     device = CountingCPUDevice()
-    with PingPongLoader(source, FEATURES, edge_labels=EDGE_LABELS, device=device) as loader:
-        with pytest.raises(pingpong.BatchFormError,
-                           match=r"several edge types .*'cites'.*edge_labels as a dict"):
+    with PingPongLoader(list(source), FEATURES, edge_labels=EDGE_LABELS,
+                        device=device) as loader:
+        with pytest.raises(pingpong.BatchFormError, match=needle):
             next(iter(loader))
     assert device.gathers == 0
 
@@ -562,11 +569,15 @@ def test_bad_edge_label_dicts_are_refused_at_construction(edge_labels, error, ne
         PingPongLoader([], TYPED_FEATURES, edge_labels=edge_labels, heterogeneous=True)
 
 
-def test_bad_edge_ids_of_one_edge_type_are_refused_before_any_row_is_read():
-    source = dgl.dataloading.DataLoader(
-        _rating_graph(), {"rates": torch.arange(300, 340)},
+def _rates_source(seeds: torch.Tensor) -> Any:
+    return dgl.dataloading.DataLoader(
+        _rating_graph(), {"rates": seeds},
         dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2])),
         batch_size=40)
+
+
+def test_bad_edge_ids_of_one_edge_type_are_refused_before_any_row_is_read():
+    source = list(_rates_source(torch.arange(300, 340)))  # no graph to check against
     device = CountingCPUDevice()
     short = {"rates": RATINGS[:300].contiguous(), FOLLOWS: FOLLOW_WEIGHTS}
     with PingPongLoader(source, TYPED_FEATURES, edge_labels=short, heterogeneous=True,
@@ -857,3 +868,88 @@ def test_graph_ids_as_numpy_work_too():
     with PingPongLoader(items, FEATURES, LABELS) as loader:
         batch = next(iter(loader))
     assert torch.equal(batch.x, FEATURES[:5])
+
+
+def test_an_edge_label_table_too_short_for_its_seed_edges_is_refused_when_built():
+    """Over DGL's DataLoader the seeds are known: a table without rows for some of
+    them would fail part-way through an epoch; it is refused at once."""
+    short = {"rates": RATINGS[:300].contiguous(), FOLLOWS: FOLLOW_WEIGHTS}
+    with pytest.raises(pingpong.TableError,
+                       match=r"edge_labels\['rates'\] has 300 rows, but the loader's seed "
+                             r"edges of type \('user', 'rates', 'item'\) include id 339"):
+        PingPongLoader(_rates_source(torch.arange(300, 340)), TYPED_FEATURES,
+                       edge_labels=short, heterogeneous=True)
+    with pytest.raises(pingpong.TableError, match=r"edge_labels has 10 rows, .* include id 63"):
+        PingPongLoader(_edge_source(), FEATURES, edge_labels=EDGE_LABELS[:10].contiguous())
+
+
+def test_an_edge_label_table_of_another_length_than_its_edge_type_is_warned_about():
+    """Two tables swapped: rows enough for the seeds, but not one per edge of the
+    type -- a warning naming both counts; still gathered as asked."""
+    swapped = {"rates": RATINGS, FOLLOWS: FOLLOW_WEIGHTS, "rated-by": RATINGS[:200]}
+    with pytest.warns(UserWarning, match=r"edge_labels\['rated-by'\] has 200 rows, but the "
+                                         r"source's graph has 300 edges of type "
+                                         r"\('item', 'rated-by', 'user'\)") as caught:
+        loader = PingPongLoader(_rates_source(torch.arange(40)), TYPED_FEATURES,
+                                edge_labels=swapped, heterogeneous=True)
+    assert len(caught) == 1
+    with loader:
+        batch = next(iter(loader))
+        assert isinstance(batch.y, dict)
+        assert batch.y["rated-by"].shape == (0,)  # no seed edges of that type
+
+
+def test_edge_labels_per_edge_type_with_heterogeneous_true_on_one_node_type():
+    """One node type, two edge types, heterogeneous=True and a table per edge type:
+    DGL's plain input_nodes are the one feature table's (the edge label tables are
+    no node types)."""
+    source, cites = _two_edge_type_source()
+    cited_by = ("paper", "cited-by", "paper")
+    edge_labels = {"cites": EDGE_LABELS, cited_by: EDGE_LABELS.flip(0).contiguous()}
+    with PingPongLoader(source, {"paper": FEATURES}, edge_labels=edge_labels,
+                        heterogeneous=True) as loader:
+        batches = 0
+        for batch in loader:
+            edge_ids = batch.pair_graph.edata[dgl.EID]
+            assert isinstance(batch.x, dict)
+            assert isinstance(batch.y, dict)
+            assert torch.equal(batch.x["paper"], FEATURES[batch.input_nodes])
+            assert torch.equal(batch.y["cites"], EDGE_LABELS[edge_ids[cites]])
+            assert torch.equal(batch.y[cited_by], edge_labels[cited_by][edge_ids[cited_by]])
+            batches += 1
+    assert batches == 2
+
+
+def test_a_form_may_key_edge_label_ids_by_name_or_canonical_triple():
+    """form= returning DGL's own edata dict (canonical keys) for tables keyed by name
+    and by triple gathers each table's type; a dict with no entry for a table is a
+    BatchFormError before any row is read (it was zero rows, silently)."""
+    items = list(dgl.dataloading.DataLoader(
+        _rating_graph(), {"rates": torch.arange(80), "follows": torch.arange(40)},
+        dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2])),
+        batch_size=40))
+    edge_labels = {"rates": RATINGS, FOLLOWS: FOLLOW_WEIGHTS}
+    with PingPongLoader(items, TYPED_FEATURES, edge_labels=edge_labels, heterogeneous=True,
+                        form=lambda item: (item[0], item[1].edata[dgl.EID])) as loader:
+        for batch in loader:
+            edge_ids = batch.item[1].edata[dgl.EID]
+            assert isinstance(batch.y, dict)
+            assert torch.equal(batch.y["rates"], RATINGS[edge_ids[RATES]])
+            assert torch.equal(batch.y[FOLLOWS], FOLLOW_WEIGHTS[edge_ids[FOLLOWS]])
+    named = {"rates": RATINGS, "follows": FOLLOW_WEIGHTS}
+    with PingPongLoader(items, TYPED_FEATURES, edge_labels=named, heterogeneous=True,
+                        form=lambda item: (item[0], {
+                            "rates": item[1].edata[dgl.EID][RATES],
+                            FOLLOWS: item[1].edata[dgl.EID][FOLLOWS]})) as loader:
+        batch = next(iter(loader))
+        assert isinstance(batch.y, dict)
+        assert torch.equal(batch.y["follows"],
+                           FOLLOW_WEIGHTS[batch.item[1].edata[dgl.EID][FOLLOWS]])
+    device = CountingCPUDevice()
+    with PingPongLoader(items, TYPED_FEATURES, edge_labels=edge_labels, heterogeneous=True,
+                        device=device, form=lambda item: (item[0], {
+                            "rate": item[1].edata[dgl.EID][RATES]})) as loader:
+        with pytest.raises(pingpong.BatchFormError,
+                           match=r"keyed \{'rate'\}: none for edge_labels\['rates'\]"):
+            next(iter(loader))
+    assert device.gathers == 0

@@ -284,12 +284,41 @@ class ItemReader:
             ) from exc
         if label_ids is not None and self.label_kind == "none":
             label_ids = None  # nothing to gather them into
+        if isinstance(label_ids, Mapping) and self.edge_label_keys is not None:
+            label_ids = _ids_by_edge_label_key(label_ids, self.edge_label_keys, seq)
 
         def build(moved: list[Any], x: Any, y: Any) -> CustomBatch:
             return CustomBatch(item, x, y)
 
         return ItemPlan("custom", feature_ids, label_ids, "form(item)[0]", "form(item)[1]",
                         (), build)
+
+
+def _ids_by_edge_label_key(ids: Mapping[Any, Any], keys: tuple[Any, ...],
+                           seq: int) -> dict[Any, Any]:
+    """A ``form=``'s label ids by edge type, keyed as the edge label tables are:
+    each table's ids under its own key, or under the same edge type spelt the
+    other way (the name for a canonical triple, or the reverse: DGL's own
+    ``edata[dgl.EID]`` dicts are keyed by canonical triples).  Other entries
+    are left out.  :class:`~pingpong.errors.BatchFormError` for a table with
+    none, or with several."""
+    matched = {}
+    for key in keys:
+        if key in ids:
+            matched[key] = ids[key]
+            continue
+        found = [given for given in ids
+                 if (isinstance(key, str) and isinstance(given, tuple) and given[1:2] == (key,))
+                 or (isinstance(key, tuple) and given == key[1])]
+        if len(found) != 1:
+            given = ", ".join(repr(k) for k in ids)
+            raise BatchFormError(
+                f"form= returned label ids for item {seq} keyed {{{given}}}: "
+                f"{'none' if not found else 'several'} for edge_labels[{key!r}]; key "
+                "them as edge_labels is, or by canonical edge type"
+            )
+        matched[key] = ids[found[0]]
+    return matched
 
 
 def place_graphs(graphs: tuple[Any, ...], device: torch.device) -> list[Any]:

@@ -63,7 +63,7 @@ def original_edge_ids(graph: Any, what: str, label_keys: tuple[Any, ...] | None 
     if label_keys is not None:
         canonical = list(graph.canonical_etypes)
         by_type = edge_ids if isinstance(edge_ids, Mapping) else {canonical[0]: edge_ids}
-        matched = match_edge_types(label_keys, canonical, f"{what}'s", BatchFormError)
+        matched = match_edge_types(label_keys, canonical, f"the {what}", BatchFormError)
         return {key: by_type[etype] for key, etype in matched.items()}
     if isinstance(edge_ids, Mapping):  # several edge types: one id tensor per type
         types = ", ".join(repr(etype) for etype in edge_ids)
@@ -77,9 +77,10 @@ def original_edge_ids(graph: Any, what: str, label_keys: tuple[Any, ...] | None 
 
 
 def match_edge_types(keys: tuple[Any, ...], canonical: list[tuple[str, str, str]],
-                     whose: str, error: type[Exception]) -> dict[Any, tuple[str, str, str]]:
+                     graph: str, error: type[Exception]) -> dict[Any, tuple[str, str, str]]:
     """The canonical edge type each key names: a canonical triple itself, or the
-    one whose name (middle part) is the key.
+    one whose name (middle part) is the key.  ``graph`` is what messages call
+    the graph the types are of.
 
     Raises ``error`` naming the key for a key that names no edge type of
     ``canonical``, a name shared by several (spell it out as a triple), or two
@@ -91,7 +92,7 @@ def match_edge_types(keys: tuple[Any, ...], canonical: list[tuple[str, str, str]
         if len(found) != 1:
             problem = "names no edge type" if not found else "is the name of several edge types"
             raise error(
-                f"edge_labels[{key!r}] {problem} of {whose} graph; its edge types are "
+                f"edge_labels[{key!r}] {problem} of {graph}; its edge types are "
                 f"{sorted(canonical)}" + (" -- key it by the canonical triple" if found else "")
             )
         twin = next((k for k, c in types.items() if c == found[0]), None)

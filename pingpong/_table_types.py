@@ -1,0 +1,107 @@
+"""The loader's tables checked against its source's graph, when the loader is built.
+
+A source that knows its graph -- DGL's ``DataLoader.graph``, a
+``DistNodeDataLoader``'s or ``DistEdgeDataLoader``'s ``DistGraph``, the
+sampling graph of a GraphBolt pipeline -- lets a misspelt table key or a
+mixed-up edge label table be refused before the first batch, instead of
+failing part-way through an epoch or, worse, gathering the wrong rows.
+Sources that do not know their graph are checked batch by batch only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ._dgl_seeds import Seeds, seed_ids
+from .errors import TableError
+from .forms._dgl import match_edge_types
+from .forms._graphbolt import pipeline_node_types
+from .store import FeatureStore, TableKey
+
+__all__ = ["check_tables_against_graph", "edge_label_keys"]
+
+
+def edge_label_keys(store: FeatureStore) -> tuple[TableKey, ...] | None:
+    """The keys of edge label tables by edge type; ``None`` for one table or node labels."""
+    if store.label_kind == "edge" and store.labels_by_type:
+        return tuple(store.label_tables)
+    return None
+
+
+def check_tables_against_graph(source: Any, store: FeatureStore,
+                               seeds: Seeds | None) -> None:
+    """Check the store's table keys, and its edge label tables, against the
+    graph of ``source`` (``seeds``: what :func:`~pingpong._dgl_seeds.dgl_loader_seeds`
+    said about it before it was wrapped).
+
+    - a heterogeneous store's feature and node label keys must be node types
+      of the graph: a misspelt type would get zero rows in every batch, silently;
+    - edge label keys must each name one edge type of the graph, and one edge
+      label table needs a graph of one edge type;
+    - an edge label table with fewer rows than a seed edge id of its type needs
+      is refused; one whose row count differs from its type's number of edges
+      (two tables swapped?) is warned about (``UserWarning``).
+
+    Raises:
+        TableError: as above.
+    """
+    graph = seeds[1] if seeds is not None else getattr(source, "graph", None)
+    if store.label_kind == "edge":
+        _check_edge_label_tables(graph, store, seeds[2] if seeds and seeds[0] == "edge" else None)
+    if store.heterogeneous:
+        _check_node_types(source, graph, store)
+
+
+def _check_edge_label_tables(graph: Any, store: FeatureStore, seeds: Any) -> None:
+    canonical = getattr(graph, "canonical_etypes", None)
+    if not isinstance(canonical, list | tuple) or not canonical:
+        return
+    canonical = [tuple(c) for c in canonical]
+    keys = edge_label_keys(store)
+    if keys is not None:
+        etypes = match_edge_types(keys, canonical, "the source's graph", TableError)
+    elif len(canonical) > 1:
+        raise TableError(
+            "edge_labels= is one table, but the source's graph has several edge types "
+            f"({sorted(canonical)}), each with its own edge ids: pass edge_labels as a "
+            "dict {edge type: table}, keyed by edge type names or canonical triples"
+        )
+    else:
+        etypes = {None: canonical[0]}
+    for key, etype in etypes.items():
+        table = store.label_tables[key]
+        name = "edge_labels" if key is None else f"edge_labels[{key!r}]"
+        edges = int(graph.num_edges(etype))
+        ids = None if seeds is None else seed_ids(seeds, etype)
+        if ids is not None and ids.numel() and int(ids.max()) >= table.num_rows:
+            raise TableError(
+                f"{name} has {table.num_rows} rows, but the loader's seed edges of type "
+                f"{etype!r} include id {int(ids.max())}: a table has one row per edge of "
+                f"its type (the graph has {edges})"
+            )
+        if table.num_rows != edges:
+            warnings.warn(
+                f"{name} has {table.num_rows} rows, but the source's graph has {edges} "
+                f"edges of type {etype!r}; a table has one row per edge of its type "
+                "(as g.edges[etype].data[...]) -- were two tables swapped?",
+                UserWarning, stacklevel=4,
+            )
+
+
+def _check_node_types(source: Any, graph: Any, store: FeatureStore) -> None:
+    ntypes = getattr(graph, "ntypes", None)
+    if not isinstance(ntypes, list | tuple):
+        ntypes = pipeline_node_types(source)  # a GraphBolt DataLoader's sampling graph
+    if ntypes is None:
+        return
+    node_keyed = [("features", store.tables)]
+    if store.label_kind == "node":
+        node_keyed.append(("labels", store.label_tables))
+    for what, tables in node_keyed:
+        for key in tables:
+            if key not in ntypes:
+                raise TableError(
+                    f"{what}[{key!r}]: the source's graph has no node type {key!r}; "
+                    f"its node types are {sorted(ntypes)}"
+                )
