@@ -102,6 +102,12 @@ def batch_ids(
                            len(store.label_tables) == 1, "edge type")
     elif store.labels_by_type:
         y_ids = _typed_ids(label_ids, store.label_tables, label_name, one_type)
+    elif store.label_kind == "edge" and isinstance(label_ids, Mapping):
+        raise IdTypeError(
+            f"{label_name} is a dict by edge type ({', '.join(map(repr, label_ids))}), but "
+            "the loader has one edge_labels table: pass edge_labels as a dict "
+            "{edge type: table}"
+        )
     else:
         y_ids[None] = host_ids(label_ids, store.label_tables[None].num_rows, label_name)
     if not store.heterogeneous:

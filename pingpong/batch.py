@@ -159,7 +159,7 @@ class SubgraphBatch(LeasedBatch, _SubgraphFields):
 class _CustomFields(NamedTuple):
     item: Any
     x: Features
-    y: Features | None
+    y: Features | EdgeLabels | None
 
 
 class CustomBatch(LeasedBatch, _CustomFields):

@@ -15,7 +15,10 @@ exception                          raised when
                                    type where the loader has more than one
                                    feature table (a node type that has a
                                    table but is absent from a batch gets zero
-                                   rows)
+                                   rows); or edge label ids not a dict by
+                                   edge type where the loader has several
+                                   edge label tables, or a dict where it has
+                                   one table
 :class:`BatchFormError`            a source item has a form pingpong cannot
                                    read (``TypeError``); the message names
                                    what it saw and the forms it reads

@@ -198,7 +198,8 @@ class FeatureStore:
 
     @property
     def labels_by_type(self) -> bool:
-        """Several label tables, keyed by node or edge type (``batch.y`` is a dict)."""
+        """Label tables keyed by node or edge type, one or more (``batch.y`` is a
+        dict); False for one label table keyed ``None`` and for none."""
         return bool(self.label_tables) and None not in self.label_tables
 
     @property

@@ -490,9 +490,11 @@ def test_edge_labels_per_edge_type_on_a_graph_of_one_node_type():
     assert batches == 2
 
 
-def test_one_edge_label_table_on_a_bipartite_graph_of_one_edge_type():
+@pytest.mark.parametrize("key", [None, "rates", RATES], ids=["one-table", "name", "triple"])
+def test_edge_labels_on_a_bipartite_graph_of_one_edge_type(key):
     """Two node types, one edge type: the pair graph's edge ids are one tensor, so one
-    edge_labels= table works with heterogeneous=True (batch.y a tensor)."""
+    edge_labels= table works with heterogeneous=True (batch.y a tensor), and so does
+    a dict keyed by the type's name or triple (batch.y a dict)."""
     gen = torch.Generator().manual_seed(4)
     graph = dgl.heterograph({RATES: (torch.randint(0, USERS, (600,), generator=gen),
                                      torch.randint(0, ITEMS, (600,), generator=gen))})
@@ -500,12 +502,14 @@ def test_one_edge_label_table_on_a_bipartite_graph_of_one_edge_type():
         graph, torch.arange(100),
         dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2])),
         batch_size=32)
-    with PingPongLoader(source, TYPED_FEATURES, edge_labels=RATINGS,
+    edge_labels = RATINGS if key is None else {key: RATINGS}
+    with PingPongLoader(source, TYPED_FEATURES, edge_labels=edge_labels,
                         heterogeneous=True) as loader:
         seen = []
         for batch in loader:
             edge_ids = batch.pair_graph.edata[dgl.EID]
-            assert torch.equal(batch.y, RATINGS[edge_ids])
+            y = batch.y if key is None else batch.y[key]  # type: ignore[index]
+            assert torch.equal(y, RATINGS[edge_ids])
             for ntype, table in TYPED_FEATURES.items():
                 assert torch.equal(batch.x[ntype], table[batch.input_nodes[ntype]])
             seen.append(edge_ids)
@@ -951,5 +955,21 @@ def test_a_form_may_key_edge_label_ids_by_name_or_canonical_triple():
                             "rate": item[1].edata[dgl.EID][RATES]})) as loader:
         with pytest.raises(pingpong.BatchFormError,
                            match=r"keyed \{'rate'\}: none for edge_labels\['rates'\]"):
+            next(iter(loader))
+    assert device.gathers == 0
+
+
+def test_edge_label_ids_by_type_for_one_edge_label_table_say_to_key_the_tables():
+    """One edge_labels table, and a form= returning the pair graph's ids by edge type:
+    the IdTypeError says to pass the tables by edge type (it said heterogeneous=True,
+    which the loader already had)."""
+    items = list(_rates_source(torch.arange(40)))
+    device = CountingCPUDevice()
+    with PingPongLoader(items, TYPED_FEATURES, edge_labels=RATINGS, heterogeneous=True,
+                        device=device,
+                        form=lambda item: (item[0], item[1].edata[dgl.EID])) as loader:
+        with pytest.raises(pingpong.IdTypeError,
+                           match=r"form\(item\)\[1\] is a dict by edge type .*one edge_labels "
+                                 r"table: pass edge_labels as a dict"):
             next(iter(loader))
     assert device.gathers == 0

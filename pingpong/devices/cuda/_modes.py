@@ -72,8 +72,8 @@ class GatherMode(abc.ABC):
 
 
 def _ids_per_fill(store: FeatureStore) -> int:
-    """Id arrays a fill stages: one shared by the feature tables and one for the
-    labels, or one per table for a heterogeneous store."""
+    """Id arrays a fill stages: one shared by the feature tables and one per label
+    table (one, or one per edge type), or one per table for a heterogeneous store."""
     return len(store.all_tables) if store.heterogeneous else 1 + len(store.label_tables)
 
 
