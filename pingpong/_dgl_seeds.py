@@ -74,14 +74,15 @@ def check_dgl_loader_seeds(source: Any, seeds: Seeds | None) -> None:
             _check(graph, kind, None, ids, loader)
 
 
-def seed_ids(seeds: Any, etype: tuple[str, str, str]) -> torch.Tensor | None:
-    """The seeds of edge type ``etype`` among a loader's ``seeds``: given by its
-    name or canonical triple in a dict (DGL takes either), or all of plain seeds
-    (the caller's graph has one edge type); ``None`` when there are none."""
+def seed_ids(seeds: Any, *names: Any) -> torch.Tensor | None:
+    """The seeds of one type among a loader's ``seeds``: in a dict, under any of
+    ``names`` (an edge type's canonical triple and name: DGL takes either), or
+    all of plain seeds (the caller's graph has one type of them); ``None`` when
+    there are none."""
     if not isinstance(seeds, Mapping):
         return _as_tensor(seeds)
     for given, ids in seeds.items():
-        if given == etype or given == etype[1]:
+        if given in names:
             return _as_tensor(ids)
     return None
 

@@ -41,7 +41,11 @@ def check_tables_against_graph(source: Any, store: FeatureStore,
       label table needs a graph of one edge type;
     - an edge label table with fewer rows than a seed edge id of its type needs
       is refused; one whose row count differs from its type's number of edges
-      (two tables swapped?) is warned about (``UserWarning``).
+      (two tables swapped?) is warned about (``UserWarning``);
+    - a feature table needs a row for every node of its type (any node may be
+      sampled as an input node; more rows are fine: a graph made from an edge
+      list ends at its last connected node), and a node label table one for
+      every seed node of its type.
 
     Raises:
         TableError: as above.
@@ -51,6 +55,7 @@ def check_tables_against_graph(source: Any, store: FeatureStore,
         _check_edge_label_tables(graph, store, seeds[2] if seeds and seeds[0] == "edge" else None)
     if store.heterogeneous:
         _check_node_types(source, graph, store)
+    _check_node_rows(graph, store, seeds[2] if seeds and seeds[0] == "node" else None)
 
 
 def _check_edge_label_tables(graph: Any, store: FeatureStore, seeds: Any) -> None:
@@ -73,7 +78,7 @@ def _check_edge_label_tables(graph: Any, store: FeatureStore, seeds: Any) -> Non
         table = store.label_tables[key]
         name = "edge_labels" if key is None else f"edge_labels[{key!r}]"
         edges = int(graph.num_edges(etype))
-        ids = None if seeds is None else seed_ids(seeds, etype)
+        ids = None if seeds is None else seed_ids(seeds, etype, etype[1])
         if ids is not None and ids.numel() and int(ids.max()) >= table.num_rows:
             raise TableError(
                 f"{name} has {table.num_rows} rows, but the loader's seed edges of type "
@@ -105,3 +110,33 @@ def _check_node_types(source: Any, graph: Any, store: FeatureStore) -> None:
                     f"{what}[{key!r}]: the source's graph has no node type {key!r}; "
                     f"its node types are {sorted(ntypes)}"
                 )
+
+
+def _check_node_rows(graph: Any, store: FeatureStore, seeds: Any) -> None:
+    ntypes = getattr(graph, "ntypes", None)
+    if not isinstance(ntypes, list | tuple) or not callable(getattr(graph, "num_nodes", None)):
+        return
+    if not store.heterogeneous and len(ntypes) != 1:
+        return  # a homogeneous store's ids are plain: not this graph's, or form= made them
+    for key, table in store.tables.items():
+        ntype = key if store.heterogeneous else ntypes[0]
+        if ntype not in ntypes:
+            continue
+        nodes = int(graph.num_nodes(ntype))
+        if table.num_rows < nodes:
+            raise TableError(
+                f"{table.name} has {table.num_rows} rows, but the source's graph has "
+                f"{nodes} nodes{f' of type {ntype!r}' if store.heterogeneous else ''}: any "
+                "of them may be sampled as an input node, so a feature table needs a row "
+                "for each"
+            )
+    if store.label_kind != "node" or seeds is None:
+        return
+    for key, table in store.label_tables.items():
+        ids = seed_ids(seeds, key) if store.heterogeneous else seed_ids(seeds, ntypes[0])
+        if ids is not None and ids.numel() and int(ids.max()) >= table.num_rows:
+            raise TableError(
+                f"{table.name} has {table.num_rows} rows, but the loader's seed nodes"
+                f"{f' of type {key!r}' if store.heterogeneous else ''} include id "
+                f"{int(ids.max())}: labels are gathered at the seed nodes"
+            )

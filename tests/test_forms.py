@@ -973,3 +973,39 @@ def test_edge_label_ids_by_type_for_one_edge_label_table_say_to_key_the_tables()
                                  r"table: pass edge_labels as a dict"):
             next(iter(loader))
     assert device.gathers == 0
+
+
+# -- node tables against the source's graph -------------------------------------------------
+def test_a_feature_table_shorter_than_the_graph_is_refused_when_built():
+    """Any node may be sampled as an input node: a table without a row for each would
+    fail part-way through an epoch (IdRangeError at a random batch); refused at once.
+    More rows than nodes are fine (a graph made from an edge list ends at its last
+    connected node)."""
+    with pytest.raises(pingpong.TableError,
+                       match=r"features has 299 rows, but the source's graph has 300 nodes"):
+        PingPongLoader(_node_source(), FEATURES[:299].contiguous())
+    longer = torch.cat([FEATURES, FEATURES[:5]])
+    with PingPongLoader(_node_source(), longer, LABELS.repeat(2)[:305].contiguous()) as loader:
+        for batch in loader:
+            assert torch.equal(batch.x, longer[batch.input_nodes])
+    with pytest.raises(pingpong.TableError, match=r"features\['author'\] has 39 rows, but the "
+                                                  r"source's graph has 40 nodes of type 'author'"):
+        PingPongLoader(dgl.dataloading.DataLoader(
+            _hetero_graph(), {"paper": torch.arange(8)}, dgl.dataloading.NeighborSampler([2]),
+            batch_size=4), {"paper": FEATURES, "author": torch.zeros(39, 2)}, heterogeneous=True)
+
+
+def test_a_label_table_too_short_for_its_seed_nodes_is_refused_when_built():
+    source = dgl.dataloading.DataLoader(
+        _hetero_graph(), {"author": torch.arange(5, 20)}, dgl.dataloading.NeighborSampler([2]),
+        batch_size=5)
+    with pytest.raises(pingpong.TableError, match=r"labels\['author'\] has 10 rows, but the "
+                                                  r"loader's seed nodes of type 'author' "
+                                                  r"include id 19"):
+        PingPongLoader(source, {"paper": FEATURES}, {"author": torch.arange(10)},
+                       heterogeneous=True)
+    with PingPongLoader(source, {"paper": FEATURES}, {"author": torch.arange(20)},
+                        heterogeneous=True) as loader:
+        for batch in loader:
+            assert isinstance(batch.y, dict)
+            assert torch.equal(batch.y["author"], batch.output_nodes["author"])
