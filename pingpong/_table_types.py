@@ -10,7 +10,6 @@ Sources that do not know their graph are checked batch by batch only.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from ._dgl_seeds import Seeds, seed_ids
@@ -29,19 +28,21 @@ def edge_label_keys(store: FeatureStore) -> tuple[TableKey, ...] | None:
     return None
 
 
-def check_tables_against_graph(source: Any, store: FeatureStore,
-                               seeds: Seeds | None) -> None:
+def check_tables_against_graph(source: Any, store: FeatureStore, seeds: Seeds | None,
+                               form: bool = False) -> None:
     """Check the store's table keys, and its edge label tables, against the
     graph of ``source`` (``seeds``: what :func:`~pingpong._dgl_seeds.dgl_loader_seeds`
-    said about it before it was wrapped).
+    said about it before it was wrapped).  With ``form`` (the loader has a
+    ``form=`` callable, which says what each table is gathered at) only the
+    node-type keys are checked.
 
     - a heterogeneous store's feature and node label keys must be node types
       of the graph: a misspelt type would get zero rows in every batch, silently;
     - edge label keys must each name one edge type of the graph, and one edge
       label table needs a graph of one edge type;
     - an edge label table with fewer rows than a seed edge id of its type needs
-      is refused; one whose row count differs from its type's number of edges
-      (two tables swapped?) is warned about (``UserWarning``);
+      is refused (more or fewer rows than edges are fine: labels for the first
+      half of a graph with reverse edges added, say);
     - a feature table needs a row for every node of its type (any node may be
       sampled as an input node; more rows are fine: a graph made from an edge
       list ends at its last connected node), and a node label table one for
@@ -51,10 +52,12 @@ def check_tables_against_graph(source: Any, store: FeatureStore,
         TableError: as above.
     """
     graph = seeds[1] if seeds is not None else getattr(source, "graph", None)
-    if store.label_kind == "edge":
-        _check_edge_label_tables(graph, store, seeds[2] if seeds and seeds[0] == "edge" else None)
     if store.heterogeneous:
         _check_node_types(source, graph, store)
+    if form:
+        return
+    if store.label_kind == "edge":
+        _check_edge_label_tables(graph, store, seeds[2] if seeds and seeds[0] == "edge" else None)
     _check_node_rows(graph, store, seeds[2] if seeds and seeds[0] == "node" else None)
 
 
@@ -82,15 +85,8 @@ def _check_edge_label_tables(graph: Any, store: FeatureStore, seeds: Any) -> Non
         if ids is not None and ids.numel() and int(ids.max()) >= table.num_rows:
             raise TableError(
                 f"{name} has {table.num_rows} rows, but the loader's seed edges of type "
-                f"{etype!r} include id {int(ids.max())}: a table has one row per edge of "
-                f"its type (the graph has {edges})"
-            )
-        if table.num_rows != edges:
-            warnings.warn(
-                f"{name} has {table.num_rows} rows, but the source's graph has {edges} "
-                f"edges of type {etype!r}; a table has one row per edge of its type "
-                "(as g.edges[etype].data[...]) -- were two tables swapped?",
-                UserWarning, stacklevel=4,
+                f"{etype!r} include id {int(ids.max())}: a seed edge's label is the row "
+                f"at its id (the graph has {edges} edges of that type)"
             )
 
 

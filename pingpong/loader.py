@@ -223,7 +223,7 @@ class PingPongLoader(Iterable[Any]):
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
         )
-        check_tables_against_graph(source, self._store, seeds)
+        check_tables_against_graph(source, self._store, seeds, form=form is not None)
         self._sample_ahead = (any(isinstance(t, RemoteTable) for t in self._store.all_tables)
                               if sample_ahead is None else sample_ahead)
         reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form,

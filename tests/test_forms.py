@@ -887,20 +887,44 @@ def test_an_edge_label_table_too_short_for_its_seed_edges_is_refused_when_built(
         PingPongLoader(_edge_source(), FEATURES, edge_labels=EDGE_LABELS[:10].contiguous())
 
 
-def test_an_edge_label_table_of_another_length_than_its_edge_type_is_warned_about():
-    """Two tables swapped: rows enough for the seeds, but not one per edge of the
-    type -- a warning naming both counts; still gathered as asked."""
-    swapped = {"rates": RATINGS, FOLLOWS: FOLLOW_WEIGHTS, "rated-by": RATINGS[:200]}
-    with pytest.warns(UserWarning, match=r"edge_labels\['rated-by'\] has 200 rows, but the "
-                                         r"source's graph has 300 edges of type "
-                                         r"\('item', 'rated-by', 'user'\)") as caught:
-        loader = PingPongLoader(_rates_source(torch.arange(40)), TYPED_FEATURES,
-                                edge_labels=swapped, heterogeneous=True)
-    assert len(caught) == 1
-    with loader:
-        batch = next(iter(loader))
-        assert isinstance(batch.y, dict)
-        assert batch.y["rated-by"].shape == (0,)  # no seed edges of that type
+def test_an_edge_label_table_of_another_length_than_its_edge_type_is_used_as_given():
+    """Labels for the first half of a graph with reverse edges added (the seeds are
+    there), or more rows than edges: no complaint, gathered bit for bit."""
+    g = _graph()
+    doubled = dgl.add_reverse_edges(g)
+    source = dgl.dataloading.DataLoader(
+        doubled, torch.arange(0, NUM_EDGES, 7),
+        dgl.dataloading.as_edge_prediction_sampler(
+            dgl.dataloading.NeighborSampler([2]), exclude="reverse_id",
+            reverse_eids=torch.cat([torch.arange(NUM_EDGES, 2 * NUM_EDGES),
+                                    torch.arange(NUM_EDGES)])),
+        batch_size=64)
+    longer = torch.cat([EDGE_LABELS, EDGE_LABELS]).repeat(2)
+    for table in (EDGE_LABELS, longer):
+        with PingPongLoader(source, FEATURES, edge_labels=table) as loader:
+            for batch in loader:
+                assert torch.equal(batch.y, table[batch.pair_graph.edata[dgl.EID]])
+
+
+def test_with_form_the_tables_are_not_checked_against_the_graph():
+    """form= says what each table is gathered at: one edge_labels table over a graph of
+    two edge types (one type's labels, read by the form) and a feature table indexed
+    by the form's own ids are taken as given."""
+    source, cites = _two_edge_type_source()
+    with PingPongLoader(source, FEATURES, edge_labels=EDGE_LABELS,
+                        form=lambda item: (item[0], item[1].edata[dgl.EID][cites])) as loader:
+        batches = 0
+        for batch in loader:
+            input_nodes, pair_graph = batch.item[0], batch.item[1]
+            assert torch.equal(batch.x, FEATURES[input_nodes])
+            assert torch.equal(batch.y, EDGE_LABELS[pair_graph.edata[dgl.EID][cites]])
+            batches += 1
+    assert batches == 2
+    per_batch = torch.arange(8.0).reshape(4, 2)  # one row per batch, not per node
+    items = iter(range(1000))
+    with PingPongLoader(_node_source(), per_batch,
+                        form=lambda item: (torch.tensor([next(items) % 2]), None)) as loader:
+        assert [batch.x.tolist() for batch in loader] == [[[0.0, 1.0]], [[2.0, 3.0]]]
 
 
 def test_edge_labels_per_edge_type_with_heterogeneous_true_on_one_node_type():
