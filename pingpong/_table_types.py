@@ -10,11 +10,12 @@ Sources that do not know their graph are checked batch by batch only.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from ._dgl_seeds import Seeds, seed_ids
 from .errors import TableError
-from .forms._dgl import match_edge_types
+from .forms._dgl import NID, match_edge_types
 from .forms._graphbolt import pipeline_node_types
 from .store import FeatureStore, TableKey
 
@@ -32,9 +33,8 @@ def check_tables_against_graph(source: Any, store: FeatureStore, seeds: Seeds | 
                                form: bool = False) -> None:
     """Check the store's table keys, and its edge label tables, against the
     graph of ``source`` (``seeds``: what :func:`~pingpong._dgl_seeds.dgl_loader_seeds`
-    said about it before it was wrapped).  With ``form`` (the loader has a
-    ``form=`` callable, which says what each table is gathered at) only the
-    node-type keys are checked.
+    said about it before it was wrapped).  Nothing with ``form`` (the loader
+    has a ``form=`` callable, which says what each table is gathered at).
 
     - a heterogeneous store's feature and node label keys must be node types
       of the graph: a misspelt type would get zero rows in every batch, silently;
@@ -43,19 +43,21 @@ def check_tables_against_graph(source: Any, store: FeatureStore, seeds: Seeds | 
     - an edge label table with fewer rows than a seed edge id of its type needs
       is refused (more or fewer rows than edges are fine: labels for the first
       half of a graph with reverse edges added, say);
-    - a feature table needs a row for every node of its type (any node may be
-      sampled as an input node; more rows are fine: a graph made from an edge
-      list ends at its last connected node), and a node label table one for
-      every seed node of its type.
+    - a feature table needs a row for every node of its type (DGL may sample
+      any node; more rows are fine: a graph made from an edge list ends at its
+      last connected node -- but over a subgraph, one with ``ndata[dgl.NID]``,
+      more rows are a ``UserWarning``: the parent's table, gathered at the
+      subgraph's ids), and a node label table one for every seed node of its
+      type.
 
     Raises:
         TableError: as above.
     """
     graph = seeds[1] if seeds is not None else getattr(source, "graph", None)
-    if store.heterogeneous:
-        _check_node_types(source, graph, store)
     if form:
         return
+    if store.heterogeneous:
+        _check_node_types(source, graph, store)
     if store.label_kind == "edge":
         _check_edge_label_tables(graph, store, seeds[2] if seeds and seeds[0] == "edge" else None)
     _check_node_rows(graph, store, seeds[2] if seeds and seeds[0] == "node" else None)
@@ -119,12 +121,22 @@ def _check_node_rows(graph: Any, store: FeatureStore, seeds: Any) -> None:
         if ntype not in ntypes:
             continue
         nodes = int(graph.num_nodes(ntype))
+        of_type = f" of type {ntype!r}" if store.heterogeneous else ""
         if table.num_rows < nodes:
             raise TableError(
                 f"{table.name} has {table.num_rows} rows, but the source's graph has "
-                f"{nodes} nodes{f' of type {ntype!r}' if store.heterogeneous else ''}: any "
-                "of them may be sampled as an input node, so a feature table needs a row "
-                "for each"
+                f"{nodes} nodes{of_type}: a feature table needs a row for each, as DGL may "
+                "sample any node (a neighbour, a negative, a cluster member) -- pad it if "
+                "some can never be reached"
+            )
+        if table.num_rows > nodes and _is_subgraph(graph, ntype):
+            warnings.warn(
+                f"{table.name} has {table.num_rows} rows, but the source's graph is a "
+                f"subgraph (it has ndata[dgl.NID]) of {nodes} nodes{of_type}: its "
+                "input_nodes are the subgraph's own ids, so a table of the parent graph "
+                "gathers the wrong rows -- pass the subgraph's (sg.ndata[...], or "
+                "table[sg.ndata[dgl.NID]])",
+                UserWarning, stacklevel=4,
             )
     if store.label_kind != "node" or seeds is None:
         return
@@ -136,3 +148,11 @@ def _check_node_rows(graph: Any, store: FeatureStore, seeds: Any) -> None:
                 f"{f' of type {key!r}' if store.heterogeneous else ''} include id "
                 f"{int(ids.max())}: labels are gathered at the seed nodes"
             )
+
+
+def _is_subgraph(graph: Any, ntype: Any) -> bool:
+    """The graph records parent node ids (``ndata[dgl.NID]``): a subgraph."""
+    try:
+        return NID in graph.nodes[ntype].data
+    except Exception:  # noqa: BLE001 - a graph-like without DGL's views: unknown
+        return False

@@ -1033,3 +1033,35 @@ def test_a_label_table_too_short_for_its_seed_nodes_is_refused_when_built():
         for batch in loader:
             assert isinstance(batch.y, dict)
             assert torch.equal(batch.y["author"], batch.output_nodes["author"])
+
+
+def test_a_parent_graphs_table_over_a_subgraph_is_warned_about():
+    """A DataLoader over a node subgraph yields the subgraph's own ids: the parent's
+    feature table (more rows, and the graph has ndata[dgl.NID]) gathers the wrong
+    rows -- a warning saying so; the subgraph's own table is taken silently."""
+    sub = dgl.node_subgraph(_graph(), torch.arange(0, NUM_NODES, 2))
+    source = dgl.dataloading.DataLoader(sub, torch.arange(20),
+                                        dgl.dataloading.NeighborSampler([2]), batch_size=10)
+    with pytest.warns(UserWarning, match=r"features has 300 rows, but the source's graph is "
+                                         r"a subgraph \(it has ndata\[dgl.NID\]\) of 150 "
+                                         r"nodes") as caught:
+        PingPongLoader(source, FEATURES).close()
+    assert len(caught) == 1
+    own = FEATURES[sub.ndata[dgl.NID]]
+    with PingPongLoader(source, own) as loader:
+        for batch in loader:
+            assert torch.equal(batch.x, FEATURES[sub.ndata[dgl.NID][batch.input_nodes]])
+
+
+def test_with_form_table_keys_need_not_be_node_types():
+    """form= says what each table is gathered at: per-edge-type features keyed by edge
+    type on a heterogeneous loader are taken as given."""
+    source, cites = _two_edge_type_source()
+    edge_feats = {"cites": torch.arange(NUM_EDGES * 2.0).reshape(NUM_EDGES, 2)}
+    with PingPongLoader(source, edge_feats, heterogeneous=True,
+                        form=lambda item: ({"cites": item[1].edata[dgl.EID][cites]},
+                                           None)) as loader:
+        for batch in loader:
+            assert isinstance(batch.x, dict)
+            assert torch.equal(batch.x["cites"],
+                               edge_feats["cites"][batch.item[1].edata[dgl.EID][cites]])
