@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 from pathlib import Path
 
@@ -72,3 +73,29 @@ def check_json_target(parser: argparse.ArgumentParser, path: Path | None) -> Non
     not after it (a parser error, exit status 2)."""
     if path is not None and not path.parent.is_dir():
         parser.error(f"--json {path}: no such folder {str(path.parent)!r}")
+
+
+def add_minibatch_training_flags(p: argparse.ArgumentParser) -> None:
+    """The flags the heterogeneous examples share (train_rgcn, train_rating): fanouts,
+    batch size, width, optimiser, epochs, slots, seed and ``--json``."""
+    p.add_argument("--fanouts", type=fanout_list, default=[10, 10],
+                   help="comma-separated, outermost layer first (default 10,10); "
+                        + FANOUTS_HOW)
+    p.add_argument("--batch-size", type=positive_int, default=1024)
+    p.add_argument("--hidden", type=positive_int, default=64)
+    p.add_argument("--lr", type=positive_float, default=0.01)
+    p.add_argument("--epochs", type=positive_int, default=3)
+    p.add_argument("--num-buffers", type=buffer_count, default=2)
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
+
+
+def parse_dgl_example_args(parser: argparse.ArgumentParser, argv: list[str] | None,
+                           why: str) -> argparse.Namespace:
+    """Parse ``argv``; a parser error (exit status 2) without DGL (``why`` it is
+    needed) or for a ``--json`` target in no folder -- before any work."""
+    args = parser.parse_args(argv)
+    if importlib.util.find_spec("dgl") is None:
+        parser.error(f"this example needs DGL ({why})")
+    check_json_target(parser, args.json)
+    return args

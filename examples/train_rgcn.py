@@ -36,12 +36,8 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _args import (
-    FANOUTS_HOW,
-    buffer_count,
-    check_json_target,
-    fanout_list,
-    non_negative_int,
-    positive_float,
+    add_minibatch_training_flags,
+    parse_dgl_example_args,
     positive_int,
     probability,
 )
@@ -264,26 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-fields", type=positive_int, default=64)
     p.add_argument("--feat-dim", type=positive_int, default=128)
     p.add_argument("--num-classes", type=positive_int, default=8)
-    p.add_argument("--fanouts", type=fanout_list, default=[10, 10],
-                   help="comma-separated, outermost layer first (default 10,10); "
-                        + FANOUTS_HOW)
-    p.add_argument("--batch-size", type=positive_int, default=1024)
-    p.add_argument("--hidden", type=positive_int, default=64)
     p.add_argument("--dropout", type=probability, default=0.2)
-    p.add_argument("--lr", type=positive_float, default=0.01)
-    p.add_argument("--epochs", type=positive_int, default=3)
-    p.add_argument("--num-buffers", type=buffer_count, default=2)
-    p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
+    add_minibatch_training_flags(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if importlib.util.find_spec("dgl") is None:
-        parser.error("this example needs DGL (heterogeneous sampling)")
-    check_json_target(parser, args.json)
+    args = parse_dgl_example_args(parser, argv, "heterogeneous sampling")
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
     data = make_mag_like(args.num_papers, args.num_authors, args.num_fields, args.feat_dim,
                          args.num_classes, args.seed)

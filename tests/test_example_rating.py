@@ -1,0 +1,58 @@
+"""examples/train_rating.py: rating prediction with edge labels by edge type (needs DGL)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from pathlib import Path
+
+import pytest
+from test_example import run_example
+
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_rating.py"
+HAVE_DGL = importlib.util.find_spec("dgl") is not None
+TINY = ["--num-users", "1500", "--num-items", "400", "--ratings-per-user", "8",
+        "--batch-size", "256", "--epochs", "3", "--hidden", "32"]
+
+
+@pytest.mark.slow  # two subprocess runs (~8 s each)
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+@pytest.mark.parametrize("loader", ["pingpong", "dgl"])
+def test_rating_model_learns_through_either_loader(tmp_path: Path, loader: str) -> None:
+    result, stdout = run_example(tmp_path, loader, *TINY, "--loader", loader, script=SCRIPT)
+    assert "1500 users, 400 items, 12000 ratings" in stdout
+    assert len(re.findall(r"^Epoch \d{5} \| Loss ", stdout, re.M)) == 3
+    assert result["loader"] == loader
+    assert result["batches"] == 3 * math.ceil(9600 / 256)  # 80% of the ratings train
+    # better than predicting the mean rating (1.08 at this seed; 0.74-0.79 measured)
+    assert result["test_rmse"] < 0.85 * result["mean_rmse"]
+
+
+def test_rating_without_dgl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    if HAVE_DGL:
+        pytest.skip("DGL is installed")
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rating
+
+    with pytest.raises(SystemExit) as exc:
+        train_rating.main([])
+    assert exc.value.code == 2
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+@pytest.mark.parametrize("argv", [
+    ["--num-buffers", "1"], ["--fanouts", "10,0"], ["--lr", "0"], ["--epochs", "0"],
+    ["--ratings-per-user", "0"], ["--json", "/no/such/folder/run.json"],
+])
+def test_rating_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rating
+
+    with pytest.raises(SystemExit) as exc:
+        train_rating.main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
