@@ -36,6 +36,7 @@ from test_reliability import (
 import pingpong
 import pingpong._epoch as epoch_module
 import pingpong.devices.cpu as cpu_device_module
+import pingpong.kernels._warmup as warmup_module
 from pingpong import PingPongLoader
 
 N = 400
@@ -581,13 +582,17 @@ def test_interpreter_exit_with_a_live_iterator():
         warm_up_ends = [float(w[1]) for w in lines if w and w[0] == "WARM_UP_ENDED_AFTER"]
         # One in-flight gather + a 0.5 s join, with room for load; a kernel
         # warm-up still compiling at exit is waited for first (its step in
-        # progress: threading._shutdown runs before the atexit hooks).
+        # progress: threading._shutdown runs before the atexit hooks), for at
+        # most EXIT_JOIN_S (one CI run on a loaded VM: 5.13 s, its step unfinished).
         limit = 2.0 + max([0.0, *warm_up_ends])
+        if "WARM_UP_UNFINISHED" in stdout:
+            limit = 2.0 + warmup_module.EXIT_JOIN_S
         if "EXITING" not in stdout or not shutdown:
             failures.append(f"{name}: no exit marks in {stdout!r}\n{stderr}")
         elif shutdown[0] > limit:
             failures.append(
                 f"{name}: pingpong's shutdown took {shutdown[0]:.2f} s (limit {limit:.2f} s)"
+                f"\n{stdout}"
             )
     assert not failures, "\n".join(failures)
 

@@ -5,7 +5,8 @@ right before leaving, and ``LAST_HOOK_AFTER <seconds>`` from the last exit
 hook (pingpong's own shutdown work lies between the two), and
 ``WARM_UP_ENDED_AFTER <seconds>`` for each kernel warm-up still running at
 ``EXITING`` (the interpreter waits for its step in progress; see
-:mod:`pingpong.kernels._warmup`).  Scenarios:
+:mod:`pingpong.kernels._warmup`), or ``WARM_UP_UNFINISHED`` for one whose step
+outlasted that wait (bounded by ``EXIT_JOIN_S``).  Scenarios:
 
 - ``stalled-source``: the producer is blocked inside a hung source;
 - ``waiting-for-slot``: the training loop holds a batch, the producer waits
@@ -38,6 +39,8 @@ def _report() -> None:
     for warm_up in _warm_ups_at_exit:
         if warm_up.finished_at is not None:
             print(f"WARM_UP_ENDED_AFTER {warm_up.finished_at - _marked[0]:.3f}", flush=True)
+        else:
+            print("WARM_UP_UNFINISHED", flush=True)
 
 
 def mark_exiting() -> None:
