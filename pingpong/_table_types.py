@@ -31,9 +31,10 @@ def edge_label_keys(store: FeatureStore) -> tuple[TableKey, ...] | None:
 
 def check_tables_against_graph(source: Any, store: FeatureStore, seeds: Seeds | None,
                                form: bool = False) -> None:
-    """Check the store's table keys, and its edge label tables, against the
-    graph of ``source`` (``seeds``: what :func:`~pingpong._dgl_seeds.dgl_loader_seeds`
-    said about it before it was wrapped).  Nothing with ``form`` (the loader
+    """Check the store's table keys and row counts against the graph of
+    ``source`` and its seeds (``seeds``: what
+    :func:`~pingpong._dgl_seeds.dgl_loader_seeds` said about it before it was
+    wrapped).  Nothing with ``form`` (the loader
     has a ``form=`` callable, which says what each table is gathered at).
 
     - a heterogeneous store's feature and node label keys must be node types
