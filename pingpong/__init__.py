@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ._rpc import rpc_turn
 from .batch import Batch, CustomBatch, EdgeBatch, NegativeEdgeBatch, SubgraphBatch
-from .blocks import EdgeBlock, as_edge_block
+from .blocks import EdgeBlock, HeteroEdgeBlock, as_edge_block, as_hetero_edge_block
 from .errors import (
     BatchExpiredError,
     BatchFormError,
@@ -45,6 +45,7 @@ __all__ = [
     "EdgeBlock",
     "EpochSupersededError",
     "GatherModeUnavailable",
+    "HeteroEdgeBlock",
     "IdRangeError",
     "IdShapeError",
     "IdTypeError",
@@ -61,6 +62,7 @@ __all__ = [
     "TableError",
     "__version__",
     "as_edge_block",
+    "as_hetero_edge_block",
     "rpc_turn",
     "send_sampler_batches_by_value",
 ]

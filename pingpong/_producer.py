@@ -119,7 +119,8 @@ def _prepare_next(
             store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
             plan.label_ids_name,
         )
-        graphs = place_graphs(plan.graphs, device.torch_device)
+        graphs = place_graphs(plan.graphs, device.torch_device,
+                              device.dgl_graphs_as_edge_blocks)
     return _Prepared(plan, x_ids, y_ids, graphs, sample_s=t1 - t0,
                      validate_s=time.perf_counter() - t1)
 

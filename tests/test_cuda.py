@@ -291,6 +291,41 @@ def test_dgl_graphs_moved_on_the_copy_stream_are_recorded_on_the_consumer_stream
             assert all(int(e) >= 0 for e in edges)
 
 
+
+@pytest.mark.parametrize("mode", MODES)
+def test_heterogeneous_dgl_blocks_arrive_as_hetero_edge_blocks_on_gpu(dgl, mode):
+    """With a CPU-only DGL (PyPI's), a heterograph loader's blocks become
+    HeteroEdgeBlocks, moved on the copy stream: every type's edges equal DGL's."""
+    if pingpong.forms.dgl_can_hold_graphs_on(torch.device("cuda")):
+        pytest.skip("this DGL build puts graphs on the GPU: they stay DGL blocks")
+    gen = torch.Generator().manual_seed(0)
+    sizes = {"paper": 600, "author": 200}
+    etypes = [("paper", "cites", "paper"), ("author", "writes", "paper"),
+              ("paper", "written_by", "author")]
+    graph = dgl.heterograph({et: (torch.randint(0, sizes[et[0]], (3000,), generator=gen),
+                                  torch.randint(0, sizes[et[2]], (3000,), generator=gen))
+                             for et in etypes}, num_nodes_dict=sizes)
+    features = {"paper": torch.randn(600, 16), "author": torch.randn(200, 8)}
+    items = list(dgl.dataloading.DataLoader(graph, {"paper": torch.arange(256)},
+                                            dgl.dataloading.NeighborSampler([4, 4]),
+                                            batch_size=64, shuffle=True))
+    with PingPongLoader(items, features, device="cuda", gather=mode,
+                        heterogeneous=True) as loader:
+        for batch, (inputs, _outputs, blocks) in zip(loader, items, strict=True):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            for got, want in zip(batch.blocks, blocks, strict=True):
+                assert isinstance(got, pingpong.HeteroEdgeBlock)
+                assert got.canonical_etypes == [tuple(et) for et in want.canonical_etypes]
+                for etype, edges in got.edges.items():
+                    assert edges.src.is_cuda
+                    assert edges.dst.is_cuda
+                    src, dst = want.edges(etype=etype)
+                    assert torch.equal(edges.src.cpu(), src)
+                    assert torch.equal(edges.dst.cpu(), dst)
+            for ntype, table in features.items():
+                assert _host_equal(batch.x[ntype], table[inputs[ntype]])
+
+
 # -- batch forms on the GPU (no DGL on the GPU machine: GraphBolt stand-in, form=) -----
 class MiniBatch:
     """Stands in for a GraphBolt MiniBatch (DGL 2.2+ field names) whose ``to()``

@@ -17,6 +17,7 @@ EXPECTED = {
     "EdgeBlock",
     "EpochSupersededError",
     "GatherModeUnavailable",
+    "HeteroEdgeBlock",
     "IdRangeError",
     "IdShapeError",
     "IdTypeError",
@@ -33,6 +34,7 @@ EXPECTED = {
     "TableError",
     "__version__",
     "as_edge_block",
+    "as_hetero_edge_block",
     "rpc_turn",
     "send_sampler_batches_by_value",
 }

@@ -59,6 +59,10 @@ class Device(abc.ABC):
 
     #: The gather mode this device implements ("cpu", "zerocopy", ...).
     gather_mode: str
+    #: Deliver DGL graphs as :class:`~pingpong.blocks.EdgeBlock` /
+    #: :class:`~pingpong.blocks.HeteroEdgeBlock` even where DGL could hold them
+    #: (the fake device sets it to stand in for a GPU with a CPU-only DGL build).
+    dgl_graphs_as_edge_blocks: bool = False
 
     @property
     @abc.abstractmethod
@@ -153,7 +157,8 @@ class Device(abc.ABC):
         """Copy stream: put a fill's graphs on this device (default: as they are).
 
         ``graphs`` are graph-like objects (``.to(device)``: DGL graphs, GraphBolt
-        minibatches, :class:`~pingpong.blocks.EdgeBlock` s) that the batch-form
+        minibatches, :class:`~pingpong.blocks.EdgeBlock` s,
+        :class:`~pingpong.blocks.HeteroEdgeBlock` s) that the batch-form
         layer (:mod:`pingpong.forms`) already turned into a form this device
         can hold; called once per fill, also with an empty list.
         """

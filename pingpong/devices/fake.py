@@ -229,6 +229,9 @@ class FakeAsyncDevice(Device):
             ``[0, host_jitter_s)`` in every device call -- delays at the
             protocol's hand-off points (producer before gather/record, consumer
             before release/wait), drawn from a third seeded generator.
+        edge_blocks: deliver DGL graphs as :class:`~pingpong.blocks.EdgeBlock` /
+            :class:`~pingpong.blocks.HeteroEdgeBlock`, as on a GPU with a
+            CPU-only DGL build (PyPI's).
 
     Fault injection (for failure-path tests): :meth:`inject_fault` makes the
     n-th host call of ``gather``/``move_graphs``/``record``/``wait_event``
@@ -248,6 +251,7 @@ class FakeAsyncDevice(Device):
         *,
         consumer_max_delay_s: float | None = None,
         host_jitter_s: float = 0.0,
+        edge_blocks: bool = False,
     ) -> None:
         if max_delay_s < 0 or (consumer_max_delay_s or 0) < 0 or host_jitter_s < 0:
             raise ValueError("delays must be >= 0")
@@ -255,6 +259,7 @@ class FakeAsyncDevice(Device):
         self.seed = seed
         self.poison = poison
         self.host_jitter_s = host_jitter_s
+        self.dgl_graphs_as_edge_blocks = edge_blocks
         self._host_rng = random.Random(seed + 2)
         self._lock = threading.Lock()
         self._pending: list[torch.Tensor] = []  # copy-stream writes since the last record

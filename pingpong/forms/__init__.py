@@ -39,12 +39,12 @@ import numpy as np
 import torch
 
 from ..batch import Batch, CustomBatch, EdgeBatch, NegativeEdgeBatch, SubgraphBatch
-from ..blocks import EdgeBlock
+from ..blocks import EdgeBlock, HeteroEdgeBlock
 from ..errors import BatchFormError
 from . import _graphbolt
 from ._dgl import (
     dgl_can_hold_graphs_on,
-    edge_block_from_dgl,
+    edge_blocks_from_dgl,
     is_dgl_graph,
     original_edge_ids,
     original_node_ids,
@@ -100,13 +100,15 @@ def _describe(item: Any) -> str:
     return f"a {type(item).__module__}.{type(item).__name__}"
 
 
+def _is_graph(obj: Any) -> bool:
+    return is_dgl_graph(obj) or isinstance(obj, EdgeBlock | HeteroEdgeBlock)
+
+
 def _graph_list(blocks: Any) -> list[Any]:
     """The graph-like entries to move from a ``blocks`` field (others pass through)."""
-    if is_dgl_graph(blocks) or isinstance(blocks, EdgeBlock):
+    if _is_graph(blocks):
         return [blocks]
-    if isinstance(blocks, list | tuple) and blocks and all(
-        is_dgl_graph(b) or isinstance(b, EdgeBlock) for b in blocks
-    ):
+    if isinstance(blocks, list | tuple) and blocks and all(_is_graph(b) for b in blocks):
         return list(blocks)
     return []
 
@@ -114,7 +116,7 @@ def _graph_list(blocks: Any) -> list[Any]:
 def _rebuild_blocks(blocks: Any, moved: list[Any]) -> Any:
     if not moved:
         return blocks
-    if is_dgl_graph(blocks) or isinstance(blocks, EdgeBlock):
+    if _is_graph(blocks):
         return moved[0]
     return type(blocks)(moved) if isinstance(blocks, tuple) else list(moved)
 
@@ -321,19 +323,20 @@ def _ids_by_edge_label_key(ids: Mapping[Any, Any], keys: tuple[Any, ...],
     return matched
 
 
-def place_graphs(graphs: tuple[Any, ...], device: torch.device) -> list[Any]:
+def place_graphs(graphs: tuple[Any, ...], device: torch.device,
+                 as_edge_blocks: bool = False) -> list[Any]:
     """The graphs in the form ``device`` can hold, before any row is read.
 
     DGL graphs stay DGL graphs where this DGL build can put them on
-    ``device`` (always on the CPU); elsewhere they become
-    :class:`~pingpong.blocks.EdgeBlock` s (``TypeError`` for heterogeneous
-    ones, which have no such form).
+    ``device`` (always on the CPU) and ``as_edge_blocks`` is false; elsewhere
+    a homogeneous one becomes an :class:`~pingpong.blocks.EdgeBlock`, a
+    heterogeneous one a :class:`~pingpong.blocks.HeteroEdgeBlock`.
     """
-    if device.type == "cpu" or not graphs:
+    if not graphs or (device.type == "cpu" and not as_edge_blocks):
         return list(graphs)
     placed = []
     for graph in graphs:
-        if is_dgl_graph(graph) and not dgl_can_hold_graphs_on(device):
-            graph = edge_block_from_dgl(graph)
+        if is_dgl_graph(graph) and (as_edge_blocks or not dgl_can_hold_graphs_on(device)):
+            graph = edge_blocks_from_dgl(graph)
         placed.append(graph)
     return placed

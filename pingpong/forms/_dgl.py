@@ -2,8 +2,9 @@
 
 Graph detection, the original ids a sampler stores on a graph
 (``ndata[dgl.NID]``, ``edata[dgl.EID]``), the conversion of a graph to an
-:class:`~pingpong.blocks.EdgeBlock` for devices DGL cannot put graphs on, and
-the probe that tells which devices those are.
+:class:`~pingpong.blocks.EdgeBlock` (homogeneous) or a
+:class:`~pingpong.blocks.HeteroEdgeBlock` for devices DGL cannot put graphs
+on, and the probe that tells which devices those are.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..blocks import EdgeBlock
+from ..blocks import EdgeBlock, HeteroEdgeBlock
 from ..errors import BatchFormError
 
 #: DGL's key for original node / edge ids (``dgl.NID`` / ``dgl.EID``), as DGL spells them.
@@ -113,17 +114,16 @@ def edge_block_from_dgl(graph: Any) -> EdgeBlock:
     ``TypeError`` for a heterogeneous graph (more than one edge type, or more
     than one source or destination node type, as in a bipartite ``user ->
     item`` block): an :class:`EdgeBlock` has one edge list over one id space
-    per side, and merging the types would mix their local ids.
+    per side, and merging the types would mix their local ids (its form is a
+    :class:`~pingpong.blocks.HeteroEdgeBlock`).
     """
-    etypes = getattr(graph, "canonical_etypes", [])
-    srctypes = getattr(graph, "srctypes", [])
-    dsttypes = getattr(graph, "dsttypes", [])
-    if max(len(etypes), len(srctypes), len(dsttypes)) > 1:
+    if is_heterogeneous_dgl_graph(graph):
         raise TypeError(
-            f"a heterogeneous DGL graph ({len(etypes)} edge types, source node types "
-            f"{list(srctypes)}, destination node types {list(dsttypes)}) has no "
-            "single-edge-list EdgeBlock form; on CUDA this needs a DGL build that can "
-            "move graphs to the GPU"
+            f"a heterogeneous DGL graph ({len(graph.canonical_etypes)} edge types, source "
+            f"node types {list(graph.srctypes)}, destination node types "
+            f"{list(graph.dsttypes)}) has no "
+            "single-edge-list EdgeBlock form; use pingpong.as_hetero_edge_block (a "
+            "HeteroEdgeBlock: an EdgeBlock per edge type)"
         )
     src, dst = graph.edges()
     return EdgeBlock(
@@ -132,6 +132,44 @@ def edge_block_from_dgl(graph: Any) -> EdgeBlock:
         int(graph.num_src_nodes()),
         int(graph.num_dst_nodes()),
     )
+
+
+def is_heterogeneous_dgl_graph(graph: Any) -> bool:
+    """More than one edge type, or more than one node type on a side."""
+    return max(len(getattr(graph, "canonical_etypes", [])), len(getattr(graph, "srctypes", [])),
+               len(getattr(graph, "dsttypes", []))) > 1
+
+
+def hetero_edge_block_from_dgl(graph: Any) -> HeteroEdgeBlock:
+    """The :class:`HeteroEdgeBlock` of a DGL block or graph, of any number of types.
+
+    Each canonical edge type's edges in the local ids of its own node types,
+    as ``graph.edges(etype=...)`` gives them; node counts per source and
+    destination type (a plain graph's source and destination nodes are its
+    nodes).
+    """
+    edges = {}
+    for etype in graph.canonical_etypes:
+        src, dst = graph.edges(etype=etype)
+        edges[tuple(etype)] = EdgeBlock(
+            src.to(torch.int64),
+            dst.to(torch.int64),
+            int(graph.num_src_nodes(etype[0])),
+            int(graph.num_dst_nodes(etype[2])),
+        )
+    return HeteroEdgeBlock(
+        edges,
+        {ntype: int(graph.num_src_nodes(ntype)) for ntype in graph.srctypes},
+        {ntype: int(graph.num_dst_nodes(ntype)) for ntype in graph.dsttypes},
+    )
+
+
+def edge_blocks_from_dgl(graph: Any) -> EdgeBlock | HeteroEdgeBlock:
+    """A DGL graph in the form a device without DGL graphs takes: an
+    :class:`EdgeBlock` if it is homogeneous, else a :class:`HeteroEdgeBlock`."""
+    if is_heterogeneous_dgl_graph(graph):
+        return hetero_edge_block_from_dgl(graph)
+    return edge_block_from_dgl(graph)
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...blocks import EdgeBlock
+from ...blocks import EdgeBlock, HeteroEdgeBlock
 from ...kernels import _interop
 from ..base import COMPLETED, Event
 
@@ -159,12 +159,29 @@ class CopyStream:
                 moved = edges.to(self.device, non_blocking=True)
             self.pending.append(moved)
             return EdgeBlock(moved[0], moved[1], graph.num_src_nodes, graph.num_dst_nodes)
+        if isinstance(graph, HeteroEdgeBlock):
+            return self._move_hetero_edge_block(graph)
         # A DGL graph (on a DGL build that can hold it here) or a GraphBolt
         # MiniBatch: moved by its own .to(), on the copy stream.
         with torch.cuda.stream(self.stream):
             moved_graph = graph.to(self.device)
         self.pending_graphs.append(moved_graph)
         return moved_graph
+
+    def _move_hetero_edge_block(self, graph: HeteroEdgeBlock) -> HeteroEdgeBlock:
+        """Every edge type's ``src`` and ``dst`` in one pinned tensor, one copy."""
+        parts = [t for block in graph.edges.values() for t in (block.src, block.dst)]
+        if not parts:
+            return graph
+        flat = torch.cat(parts).pin_memory()
+        with torch.cuda.stream(self.stream):
+            moved = flat.to(self.device, non_blocking=True)
+        self.pending.append(moved)
+        views = moved.split([t.numel() for t in parts])
+        edges = {etype: EdgeBlock(views[2 * k], views[2 * k + 1], block.num_src_nodes,
+                                  block.num_dst_nodes)
+                 for k, (etype, block) in enumerate(graph.edges.items())}
+        return HeteroEdgeBlock(edges, dict(graph.num_src_nodes), dict(graph.num_dst_nodes))
 
     def record(self) -> CudaEvent:
         """The fill's ready event, carrying what the consumer must ``record_stream``."""
