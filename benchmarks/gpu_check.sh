@@ -34,6 +34,8 @@
 #                  a hot-row cache of 10% of the table (--cache-bytes 51200000, learned in
 #                  epoch 1), and device-resident (epochs-cache.json; cache stats in "stats")
 # Correctness in one short session:  benchmarks/gpu_check.sh OUT tests reliability memcheck-reliability
+# With DGL (its tests on the GPU: DGL graphs as EdgeBlocks / HeteroEdgeBlocks):
+#   PINGPONG_DGL_WHEEL=.whl/dgl-1.1.3-cp311-cp311-manylinux1_x86_64.whl benchmarks/gpu_check.sh OUT ...
 #
 # After the steps, always: benchmarks/gpu_latest.py writes OUT/gpu-latest.json from
 # log.txt, machine.txt and the JSON files above, and copies it to
@@ -56,6 +58,20 @@ out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
+# DGL: the GPU machine has none and installs nothing.  PINGPONG_DGL_WHEEL names a
+# carried PyPI DGL wheel (dgl-1.1.3-cp311-...-manylinux1_x86_64.whl, 6.5 MB) that
+# is unpacked onto PYTHONPATH as it is: its Cython module is for CPython 3.11, so
+# DGL falls back to its ctypes bindings, which ran DGL's sampling and the DGL tests
+# on Python 3.12 + torch 2.11 + NumPy 2.5 on a CPU (all but ClusterGCN, whose DGL
+# code calls np.cumsum on a tensor, which NumPy 2 refuses).
+if [ -n "${PINGPONG_DGL_WHEEL:-}" ]; then
+  dgl_site=$(mktemp -d)
+  if $py -m zipfile -e "$PINGPONG_DGL_WHEEL" "$dgl_site"; then
+    export PYTHONPATH=$PYTHONPATH:$dgl_site
+  else
+    echo "PINGPONG_DGL_WHEEL=$PINGPONG_DGL_WHEEL could not be unpacked" >&2; exit 2
+  fi
+fi
 log=$out/log.txt
 status=0
 run() {  # run NAME SECONDS CMD...
@@ -74,6 +90,8 @@ run() {  # run NAME SECONDS CMD...
   echo "cores: $(nproc)"; free -g | head -2
   echo "thp: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
   $py -c "import torch, numba, numpy; from numba import cuda; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numba', numba.__version__, 'numba-cuda', getattr(cuda, '__version__', '?'), 'numpy', numpy.__version__)"
+  $py -W ignore -c "import dgl; print('dgl', dgl.__version__, '(${PINGPONG_DGL_WHEEL:-installed})')" 2>/dev/null \
+    || echo "dgl: none (the DGL tests skip)"
 } >"$out/machine.txt" 2>&1
 cat "$out/machine.txt"
 

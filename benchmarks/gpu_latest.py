@@ -152,10 +152,15 @@ def memcheck_errors(steps: list[dict[str, Any]]) -> int | None:
 
 # --------------------------------------------------------------------------- machine.txt
 def parse_machine(text: str) -> dict[str, str]:
-    """``gpu`` (nvidia-smi's first CSV row), ``commit``, ``date`` where present."""
+    """``gpu`` (nvidia-smi's first CSV row), ``commit``, ``date`` where present, and
+    ``dgl``: the version and wheel of the DGL the tests had, or ``none``."""
     info: dict[str, str] = {}
     lines = text.splitlines()
     for i, line in enumerate(lines):
+        if line.startswith("dgl "):
+            info["dgl"] = line[len("dgl "):].strip()
+        elif line.startswith("dgl: none"):
+            info["dgl"] = "none"
         if line.startswith("name,") and i + 1 < len(lines) and "," in lines[i + 1]:
             info["gpu"] = lines[i + 1].split(",")[0].strip()
         for key in ("commit", "commit_source", "dirty", "date", "source_sha256"):
@@ -339,6 +344,8 @@ def build(out: Path, command: str | None = None, commit: str | None = None,
         result["dirty"] = machine["dirty"] == "true"
     if machine.get("source_sha256"):
         result["source_sha256"] = machine["source_sha256"]
+    if machine.get("dgl"):
+        result["dgl"] = machine["dgl"]
     tests = summarize_tests(steps)
     if tests is not None:
         result["tests"] = tests

@@ -27,6 +27,7 @@ source_sha256: feedface
 name, driver_version, memory.total [MiB], pcie.link.gen.max, pcie.link.width.max
 NVIDIA H200, 580.159.04, 143771 MiB, 5, 16
 cores: 16
+dgl 1.1.3 (.whl/dgl-1.1.3-cp311-cp311-manylinux1_x86_64.whl)
 """
 
 PYTEST = "python3 -m pytest -q -p no:cacheprovider -W default"
@@ -159,6 +160,7 @@ def test_the_fields_gpu_md_names(run_dir):
     assert result["date"] == "2026-12-01T10:00:00Z"
     assert result["gpu"] == "NVIDIA H200"
     assert result["dirty"] is False
+    assert result["dgl"] == "1.1.3 (.whl/dgl-1.1.3-cp311-cp311-manylinux1_x86_64.whl)"
     gather = result["gather"]
     assert gather["pinned_memcpy_gbps"] == 49.7
     assert gather["random_512_zerocopy_gbps"] == 16.0
@@ -325,3 +327,11 @@ def test_the_cache_step_reports_epochs_hit_rate_and_the_pcie_cut(run_dir):
     assert "cache_hit_rate" not in figures  # not measured: absent, never zero
     (run_dir / "epochs-cache.json").unlink()
     assert "cache_epoch" not in gpu_latest.build(run_dir)
+
+
+def test_a_run_without_dgl_says_so(run_dir):
+    machine = (run_dir / "machine.txt").read_text()
+    (run_dir / "machine.txt").write_text(
+        machine.replace("dgl 1.1.3 (.whl/dgl-1.1.3-cp311-cp311-manylinux1_x86_64.whl)",
+                        "dgl: none (the DGL tests skip)"))
+    assert gpu_latest.build(run_dir, "bash benchmarks/gpu_check.sh OUT")["dgl"] == "none"
