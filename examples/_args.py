@@ -68,6 +68,23 @@ def fanout_list(text: str) -> list[int]:
     return fanouts
 
 
+def add_device_flags(p: argparse.ArgumentParser) -> None:
+    """``--device`` and pingpong's ``--gather`` mode."""
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--gather", choices=["auto", "cpu", "zerocopy", "staged", "device"],
+                   default="auto", help="pingpong gather mode (CUDA modes need --device cuda)")
+
+
+def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A parser error for ``--device cuda`` without CUDA, or a CUDA gather mode on the CPU."""
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available on this machine")
+    if args.device == "cpu" and args.gather in ("zerocopy", "staged", "device"):
+        parser.error(f"--gather {args.gather} needs --device cuda (on the CPU: auto or cpu)")
+
+
 def check_json_target(parser: argparse.ArgumentParser, path: Path | None) -> None:
     """Refuse a ``--json`` file whose folder does not exist -- before any training,
     not after it (a parser error, exit status 2)."""

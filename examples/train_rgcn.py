@@ -2,6 +2,7 @@
 
     python examples/train_rgcn.py                 # a synthetic ogbn-mag-like graph
     python examples/train_rgcn.py --loader dgl    # the plain loop, for A/B runs
+    python examples/train_rgcn.py --device cuda   # on a GPU, with PyPI's CPU-only DGL too
 
 The graph has papers (features and labels), authors and fields of study (no
 features: the model learns an embedding per node, looked up with
@@ -12,6 +13,13 @@ labels per node type in its producer thread while the model trains.
 training thread. The two runs sample different neighbours (DGL's sampling is
 not reproducible from a seed across threads; see the troubleshooting page),
 so compare accuracy and time, not losses.
+
+The model is plain torch over :class:`pingpong.HeteroEdgeBlock` (an edge list
+per relation, in local ids): DGL blocks are converted with
+:func:`pingpong.as_hetero_edge_block`, and on a GPU that a CPU-only DGL build
+cannot put graphs on, pingpong delivers them in that form already.  Each layer
+is what DGL's ``HeteroGraphConv({rel: SAGEConv(..., "mean")}, aggregate="sum")``
+computes (``tests/test_example_rgcn.py`` checks it against DGL's modules).
 """
 
 from __future__ import annotations
@@ -36,11 +44,14 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _args import (
+    add_device_flags,
     add_minibatch_training_flags,
+    check_device_flags,
     parse_dgl_example_args,
     positive_int,
     probability,
 )
+from sage_model import mean_aggregate
 
 import pingpong
 
@@ -116,16 +127,40 @@ def make_mag_like(num_papers: int, num_authors: int, num_fields: int, feat_dim: 
 
 
 # --------------------------------------------------------------------------- model
+class RelationalSAGE(nn.Module):
+    """One R-GCN-style layer: per relation ``(src type, rel, dst type)`` a mean SAGE
+    convolution, ``fc_self(h_dst) + fc_neigh(mean of h_src over in-edges)``, summed
+    per destination type -- DGL's ``HeteroGraphConv({rel: SAGEConv(in, out, "mean")},
+    aggregate="sum")``, on a :class:`pingpong.HeteroEdgeBlock`.
+    """
+
+    def __init__(self, relations: list[str], in_dim: int, out_dim: int) -> None:
+        super().__init__()
+        self.fc_self = nn.ModuleDict({r: nn.Linear(in_dim, out_dim) for r in relations})
+        self.fc_neigh = nn.ModuleDict({r: nn.Linear(in_dim, out_dim, bias=False)
+                                       for r in relations})
+
+    def forward(self, block: pingpong.HeteroEdgeBlock,
+                h: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for (stype, rel, dtype), edges in block.edges.items():
+            if stype not in h or dtype not in h:
+                continue
+            h_dst = h[dtype][: block.num_dst_nodes[dtype]]
+            r = self.fc_self[rel](h_dst) + self.fc_neigh[rel](mean_aggregate(edges, h[stype]))
+            out[dtype] = out[dtype] + r if dtype in out else r
+        return out
+
+
 class RGCN(nn.Module):
-    """Per-relation mean SAGE convolutions summed per destination type (R-GCN style).
+    """Relational mean SAGE layers summed per destination type (R-GCN style).
 
     Papers enter through a linear projection of their features; every other
-    node type through a learned embedding indexed by its global ids.
+    node type through a learned embedding indexed by its global ids.  Blocks
+    may be DGL blocks or :class:`pingpong.HeteroEdgeBlock` s.
     """
 
     def __init__(self, data: HeteroData, hidden: int, num_layers: int, dropout: float) -> None:
-        import dgl.nn as dglnn
-
         super().__init__()
         g = data.graph
         self.proj = nn.ModuleDict({nt: nn.Linear(t.shape[1], hidden)
@@ -133,10 +168,8 @@ class RGCN(nn.Module):
         self.embed = nn.ModuleDict({nt: nn.Embedding(g.num_nodes(nt), hidden)
                                     for nt in g.ntypes if nt not in data.features})
         sizes = [hidden] * num_layers + [data.num_classes]
-        self.layers = nn.ModuleList(
-            dglnn.HeteroGraphConv({et: dglnn.SAGEConv(sizes[i], sizes[i + 1], "mean")
-                                   for et in g.etypes}, aggregate="sum")
-            for i in range(num_layers))
+        self.layers = nn.ModuleList(RelationalSAGE(g.etypes, sizes[i], sizes[i + 1])
+                                    for i in range(num_layers))
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, blocks: list[Any], x: dict[str, torch.Tensor],
@@ -144,8 +177,7 @@ class RGCN(nn.Module):
         h = {nt: self.proj[nt](x[nt]) for nt in self.proj}
         h |= {nt: self.embed[nt](input_nodes[nt].to(x_device(x))) for nt in self.embed}
         for i, (layer, block) in enumerate(zip(self.layers, blocks, strict=True)):
-            h_dst = {nt: v[: block.num_dst_nodes(nt)] for nt, v in h.items()}
-            h = layer(block, (h, h_dst))
+            h = layer(pingpong.as_hetero_edge_block(block), h)
             if i < len(self.layers) - 1:
                 h = {nt: self.dropout(F.relu(v)) for nt, v in h.items()}
         return h["paper"]
@@ -169,9 +201,10 @@ class SyncBatch(NamedTuple):
 class SyncLoader:
     """The plain loop pingpong replaces: sample, then index the tables per node type."""
 
-    def __init__(self, source: Iterable[Any], data: HeteroData) -> None:
+    def __init__(self, source: Iterable[Any], data: HeteroData, device: torch.device) -> None:
         self.source = source
         self.data = data
+        self.device = device
         self.stats: dict[str, float] = {"batches": 0}
 
     def __len__(self) -> int:
@@ -179,8 +212,10 @@ class SyncLoader:
 
     def __iter__(self) -> Iterator[SyncBatch]:
         for input_nodes, output_nodes, blocks in self.source:
-            x = {nt: t[input_nodes[nt]] for nt, t in self.data.features.items()}
-            y = {nt: t[output_nodes[nt]] for nt, t in self.data.labels.items()}
+            x = {nt: t[input_nodes[nt]].to(self.device) for nt, t in self.data.features.items()}
+            y = {nt: t[output_nodes[nt]].to(self.device) for nt, t in self.data.labels.items()}
+            if self.device.type != "cpu":
+                blocks = [pingpong.as_hetero_edge_block(b).to(self.device) for b in blocks]
             self.stats["batches"] += 1
             yield SyncBatch(input_nodes, output_nodes, blocks, x, y)
 
@@ -196,9 +231,10 @@ def make_loader(args: argparse.Namespace, data: HeteroData, idx: torch.Tensor,
         data.graph, {"paper": idx}, dgl.dataloading.NeighborSampler(args.fanouts),
         batch_size=args.batch_size, shuffle=shuffle)
     if args.loader == "dgl":
-        return SyncLoader(source, data)
+        return SyncLoader(source, data, torch.device(args.device))
     return pingpong.PingPongLoader(source, data.features, data.labels, heterogeneous=True,
-                                   num_buffers=args.num_buffers)
+                                   num_buffers=args.num_buffers, device=args.device,
+                                   gather=args.gather)
 
 
 # --------------------------------------------------------------------------- training
@@ -220,7 +256,7 @@ def train(args: argparse.Namespace, data: HeteroData) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     dgl.seed(args.seed)
     np.random.seed(args.seed)  # DGL shuffles with NumPy's global generator
-    model = RGCN(data, args.hidden, len(args.fanouts), args.dropout)
+    model = RGCN(data, args.hidden, len(args.fanouts), args.dropout).to(args.device)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     loaders = [make_loader(args, data, data.train_idx, shuffle=True),
                make_loader(args, data, data.val_idx, shuffle=False),
@@ -255,6 +291,7 @@ def train(args: argparse.Namespace, data: HeteroData) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="R-GCN on a heterogeneous graph through pingpong.")
     p.add_argument("--loader", choices=["pingpong", "dgl"], default="pingpong")
+    add_device_flags(p)
     p.add_argument("--num-papers", type=positive_int, default=30_000)
     p.add_argument("--num-authors", type=positive_int, default=10_000)
     p.add_argument("--num-fields", type=positive_int, default=64)
@@ -268,12 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse_dgl_example_args(parser, argv, "heterogeneous sampling")
+    check_device_flags(parser, args)
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
     data = make_mag_like(args.num_papers, args.num_authors, args.num_fields, args.feat_dim,
                          args.num_classes, args.seed)
     print(f"Graph: {data.graph.num_nodes('paper')} papers, {data.graph.num_nodes('author')} "
           f"authors, {data.graph.num_nodes('field')} fields, {data.graph.num_edges()} edges | "
-          f"loader {args.loader}", flush=True)
+          f"loader {args.loader} | device {args.device}", flush=True)
     result = train(args, data)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))

@@ -7,7 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from test_example import run_example
+
+import pingpong
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_rgcn.py"
 HAVE_DGL = importlib.util.find_spec("dgl") is not None
@@ -47,7 +50,9 @@ def test_rgcn_without_dgl_is_a_clear_error(tmp_path: Path,
 @pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
 @pytest.mark.parametrize("argv", [
     ["--num-buffers", "1"], ["--fanouts", "10,0"], ["--dropout", "1.5"], ["--lr", "0"],
-    ["--epochs", "0"], ["--json", "/no/such/folder/run.json"],
+    ["--epochs", "0"], ["--json", "/no/such/folder/run.json"], ["--gather", "zerocopy"],
+    pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="CUDA is available here")),
 ])
 def test_rgcn_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,3 +80,43 @@ def test_fewer_fields_and_authors_than_classes(monkeypatch: pytest.MonkeyPatch) 
     _, papers = data.graph.edges(etype="writes")
     assert int(fields.max()) < 3
     assert len(papers) == 3 * 400
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+def test_the_relational_layer_computes_what_dgls_hetero_graph_conv_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example's plain-torch layer on HeteroEdgeBlocks against DGL's
+    ``HeteroGraphConv({rel: SAGEConv(.., "mean")}, aggregate="sum")`` with the same
+    weights, on sampled two-layer blocks of the example's graph."""
+    import dgl
+    import dgl.nn as dglnn
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rgcn
+
+    data = train_rgcn.make_mag_like(400, 120, 6, 8, 4, 0)
+    g = data.graph
+    torch.manual_seed(0)
+    ours = train_rgcn.RelationalSAGE(g.etypes, 5, 3)
+    theirs = dglnn.HeteroGraphConv({r: dglnn.SAGEConv(5, 3, "mean") for r in g.etypes},
+                                   aggregate="sum")
+    with torch.no_grad():
+        for r in g.etypes:
+            theirs.mods[r].fc_self.weight.copy_(ours.fc_self[r].weight)
+            theirs.mods[r].fc_self.bias.copy_(ours.fc_self[r].bias)
+            theirs.mods[r].fc_neigh.weight.copy_(ours.fc_neigh[r].weight)
+    source = dgl.dataloading.DataLoader(g, {"paper": torch.arange(64)},
+                                        dgl.dataloading.NeighborSampler([4, 3]), batch_size=32)
+    compared = 0
+    for input_nodes, _, blocks in source:
+        h = {nt: torch.randn(len(ids), 5) for nt, ids in input_nodes.items()}
+        for block in blocks:
+            want = theirs(block, (h, {nt: v[: block.num_dst_nodes(nt)] for nt, v in h.items()}))
+            got = ours(pingpong.as_hetero_edge_block(block), h)
+            assert set(got) == set(want)
+            for nt in want:
+                torch.testing.assert_close(got[nt], want[nt], rtol=1e-5, atol=1e-5)
+                compared += 1
+            h = {nt: torch.randn(v.shape[0], 5) for nt, v in want.items()}
+    assert compared >= 4
