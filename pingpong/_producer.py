@@ -115,6 +115,7 @@ def _prepare_next(
             return None
         t1 = time.perf_counter()
         plan = reader.read(item, seq)
+        store.check_memory_unchanged()
         x_ids, y_ids = batch_ids(
             store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
             plan.label_ids_name,

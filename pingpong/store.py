@@ -33,12 +33,28 @@ class HostTable:
     Attributes:
         name: what the table is called in error messages.
         tensor: the caller's tensor, shape ``(N, *row_shape)``, C-contiguous, on CPU.
-        byte_rows: NumPy uint8 view ``(N, row_bytes)`` of the same memory.
+        byte_rows: NumPy uint8 view ``(N, row_bytes)`` of the same memory: what
+            every gather reads (it keeps that memory alive).
+        address: ``tensor.data_ptr()`` when the table was made.
     """
 
     name: str
     tensor: torch.Tensor
     byte_rows: np.ndarray = field(repr=False)
+    address: int = field(default=0, repr=False)
+
+    def check_memory_unchanged(self) -> None:
+        """``TableError`` if the caller's tensor was given other memory since the
+        table was made (``tensor.data = ...``, ``tensor.set_(...)``): gathers
+        would keep reading the old memory, silently stale."""
+        if self.tensor.data_ptr() != self.address or self.tensor.shape[0] != len(self.byte_rows):
+            raise TableError(
+                f"{self.name} was given new memory after the loader was built "
+                "(tensor.data = ... or tensor.set_(...)); pingpong reads the memory a "
+                "table had when the loader was built, so its batches would hold the "
+                f"old values. Write the new values in place ({self.name}.copy_(new)) or "
+                "build a new loader"
+            )
 
     @property
     def num_rows(self) -> int:
@@ -148,7 +164,7 @@ def make_host_table(value: Any, name: str) -> HostTable:
             "look its rows up in the model (an nn.Embedding indexed with "
             "batch.input_nodes) and give pingpong only the fixed tables"
         )
-    return HostTable(name, tensor, byte_rows(tensor).numpy())
+    return HostTable(name, tensor, byte_rows(tensor).numpy(), tensor.data_ptr())
 
 
 #: What a table is keyed by: ``None`` (the one table of its kind), a feature
@@ -191,6 +207,13 @@ class FeatureStore:
     def __post_init__(self) -> None:
         if not self.heterogeneous:
             object.__setattr__(self, "num_rows", next(iter(self.tables.values())).num_rows)
+
+    def check_memory_unchanged(self) -> None:
+        """:meth:`HostTable.check_memory_unchanged` for every host table (per batch,
+        before any row is read)."""
+        for table in self.all_tables:
+            if isinstance(table, HostTable):
+                table.check_memory_unchanged()
 
     @property
     def is_dict(self) -> bool:

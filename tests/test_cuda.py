@@ -326,6 +326,23 @@ def test_heterogeneous_dgl_blocks_arrive_as_hetero_edge_blocks_on_gpu(dgl, mode)
                 assert _host_equal(batch.x[ntype], table[inputs[ntype]])
 
 
+
+@pytest.mark.parametrize("mode", MODES)
+def test_host_writes_between_epochs_reach_every_mode_but_device(mode):
+    """docs/guide.rst, "Tables that change": zerocopy and staged read the host table
+    per batch; device mode gathers from the copy made when the loader was built."""
+    features = torch.arange(N * 4, dtype=torch.float32).reshape(N, 4)
+    before = features.clone()
+    source = make_triples(N, 6, max_inputs=500)
+    with PingPongLoader(source, features, device="cuda", gather=mode) as loader:
+        for batch, (inputs, _o, _b) in zip(loader, source, strict=True):
+            assert _host_equal(batch.x, features[inputs])
+        features.mul_(-1)
+        want = before if mode == "device" else features
+        for batch, (inputs, _o, _b) in zip(loader, source, strict=True):
+            assert _host_equal(batch.x, want[inputs])
+
+
 # -- batch forms on the GPU (no DGL on the GPU machine: GraphBolt stand-in, form=) -----
 class MiniBatch:
     """Stands in for a GraphBolt MiniBatch (DGL 2.2+ field names) whose ``to()``

@@ -84,7 +84,7 @@ def gather_host_rows(table: HostTable, ids: np.ndarray, out_rows: torch.Tensor,
     ):
         if len(ids):
             index = torch.from_numpy(ids)  # contiguous and writeable (host_ids)
-            torch.index_select(byte_rows(table.tensor), 0, index, out=out_rows)
+            torch.index_select(torch.from_numpy(table.byte_rows), 0, index, out=out_rows)
         return
     gather_rows_cpu_unchecked(table.byte_rows, ids, out_np)
 
@@ -166,7 +166,8 @@ class CPUDevice(Device):
                 and not gather_at_is_ready(table.byte_rows, out_rows.numpy())):
             # Not loaded yet: the same bytes, without a JIT.
             if len(ids):
-                rows = torch.index_select(byte_rows(table.tensor), 0, torch.from_numpy(ids))
+                rows = torch.index_select(torch.from_numpy(table.byte_rows), 0,
+                                          torch.from_numpy(ids))
                 out_rows.index_copy_(0, torch.from_numpy(positions), rows)
             return
         gather_rows_at_cpu_unchecked(table.byte_rows, ids, positions, out_rows.numpy())

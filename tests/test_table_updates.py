@@ -1,0 +1,89 @@
+"""Tables written while a loader uses them: what each batch sees (docs/guide.rst,
+"Tables that change").
+
+pingpong reads a table's memory in place, when it gathers a batch -- up to
+``num_buffers - 1`` batches before the training loop gets it.  In-place writes
+between epochs are seen by every batch of the next epoch; writes during an epoch
+by the batches gathered after them; a table given new memory (``.data =``,
+``set_``) is refused before any row is read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+from test_reliability import fake, seq_triples
+from test_usage_patterns import CountingCPUDevice
+
+import pingpong
+from pingpong import PingPongLoader
+
+N = 200
+BATCHES = 12
+
+
+def _device(kind: str) -> Any:
+    return fake(seed=7) if kind == "fake" else "cpu"
+
+
+def _values_seen(device: Any, batch: Any) -> torch.Tensor:
+    """The batch's rows, read where the model reads them (the fake device's consumer
+    stream, after the ready wait)."""
+    if isinstance(device, pingpong.devices.fake.FakeAsyncDevice):
+        return device.consumer_submit(lambda: batch.x.clone()).result()
+    return batch.x.clone()
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+def test_in_place_writes_between_epochs_reach_every_batch_of_the_next(device_kind):
+    triples = seq_triples(N, BATCHES)
+    features = torch.arange(N * 3, dtype=torch.float32).reshape(N, 3)
+    device = _device(device_kind)
+    with PingPongLoader(triples, features, device=device) as loader:
+        for epoch in range(3):
+            for batch, (inputs, _, _) in zip(loader, triples, strict=True):
+                assert torch.equal(_values_seen(device, batch), features[inputs]), epoch
+            features.mul_(-2).add_(1)  # after the epoch's last batch, before the next iter()
+
+
+@pytest.mark.parametrize("device_kind", ["cpu", "fake"])
+@pytest.mark.parametrize("num_buffers", [2, 3])
+def test_a_write_made_while_holding_batch_k_reaches_batch_k_plus_num_buffers(
+        device_kind, num_buffers):
+    """Each step k fills the table with k.  Batch j was gathered into the slot batch
+    j - num_buffers left, after the training loop asked for batch j - num_buffers + 1:
+    every row it holds is a value written at a step in [j - num_buffers, j - 1]."""
+    triples = seq_triples(N, BATCHES)
+    features = torch.full((N, 4), -1.0)
+    device = _device(device_kind)
+    staleness = set()
+    with PingPongLoader(triples, features, device=device, num_buffers=num_buffers) as loader:
+        for j, batch in enumerate(loader):
+            seen = _values_seen(device, batch)
+            lowest = max(j - num_buffers, -1)
+            assert bool(((seen >= lowest) & (seen <= j - 1)).all()), (j, seen.unique())
+            staleness.add(j - int(seen.max()))
+            time.sleep(0.01)  # a training step: the producer gathers ahead meanwhile
+            features.fill_(float(j))  # the step's update, while holding batch j
+    assert max(staleness) >= 2  # some batch was gathered before the last step's write
+
+
+@pytest.mark.parametrize("how", ["data", "set_"])
+def test_a_table_given_new_memory_is_refused_before_any_row_is_read(how):
+    triples = seq_triples(N, 4)
+    features = torch.randn(N, 5)
+    device = CountingCPUDevice()
+    with PingPongLoader(triples, features, device=device) as loader:
+        assert len(list(loader)) == 4
+        gathers = device.gathers
+        replacement = torch.zeros(N, 5)
+        if how == "data":
+            features.data = replacement
+        else:
+            features.set_(replacement)  # type: ignore[call-overload]  # stubs lack set_(Tensor)
+        with pytest.raises(pingpong.TableError, match=r"features was given new memory.*copy_"):
+            next(iter(loader))
+        assert device.gathers == gathers
