@@ -29,7 +29,8 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
 
     Raises:
         IdTypeError: not a tensor/array, or a dtype other than int32/int64
-            (floats, bools and unsigned types are refused, not cast).
+            (floats, bools and unsigned types are refused, not cast), or a
+            tensor on the meta device.
         IdShapeError: not 1-D.
         IdRangeError: a value outside ``[0, num_rows)``; the message names it.
     """
@@ -38,6 +39,8 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
             raise IdShapeError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
         if ids.dtype not in _TORCH_ID_DTYPES:
             raise IdTypeError(f"{name} must have dtype int32 or int64, got {ids.dtype}")
+        if ids.is_meta:
+            raise IdTypeError(f"{name} is on the meta device, which holds no values")
         # integer tensors never require grad; .numpy() is 2-3x cheaper than .cpu().numpy()
         array = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
     elif isinstance(ids, np.ndarray):

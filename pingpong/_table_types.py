@@ -14,7 +14,7 @@ import warnings
 from typing import Any
 
 from ._dgl_seeds import Seeds, seed_ids
-from .errors import TableError
+from .errors import ConfigError, TableError
 from .forms._dgl import NID, match_edge_types
 from .forms._graphbolt import pipeline_node_types
 from .store import FeatureStore, TableKey
@@ -57,11 +57,30 @@ def check_tables_against_graph(source: Any, store: FeatureStore, seeds: Seeds | 
     graph = seeds[1] if seeds is not None else getattr(source, "graph", None)
     if form:
         return
+    _check_label_kind(seeds, store)
     if store.heterogeneous:
         _check_node_types(source, graph, store)
     if store.label_kind == "edge":
         _check_edge_label_tables(graph, store, seeds[2] if seeds and seeds[0] == "edge" else None)
     _check_node_rows(graph, store, seeds[2] if seeds and seeds[0] == "node" else None)
+
+
+def _check_label_kind(seeds: Seeds | None, store: FeatureStore) -> None:
+    """Node labels over a loader of edge seeds, or edge labels over one of node seeds:
+    every batch would be refused (BatchFormError), so refuse the loader."""
+    if seeds is None or store.label_kind not in ("node", "edge") or seeds[0] == store.label_kind:
+        return
+    if store.label_kind == "node":
+        raise ConfigError(
+            "labels= are node labels, gathered at each batch's seed nodes, but this DGL "
+            "loader's seeds are edges (as_edge_prediction_sampler): its batches have no "
+            "seed nodes. Labels per edge go in edge_labels="
+        )
+    raise ConfigError(
+        "edge_labels= are gathered at each batch's edge ids (a pair graph's), but this "
+        "DGL loader's seeds are nodes: its batches have no pair graph. Node labels go "
+        "in labels=; edge prediction needs dgl.dataloading.as_edge_prediction_sampler"
+    )
 
 
 def _check_edge_label_tables(graph: Any, store: FeatureStore, seeds: Any) -> None:

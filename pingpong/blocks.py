@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .errors import BatchFormError
+
 
 @dataclass(frozen=True)
 class EdgeBlock:
@@ -117,7 +119,8 @@ class HeteroEdgeBlock:
 def as_edge_block(block: Any) -> EdgeBlock:
     """Return ``block`` as an :class:`EdgeBlock` (DGL blocks and graphs are converted).
 
-    ``TypeError`` for anything else, and for heterogeneous DGL graphs (see
+    :class:`~pingpong.BatchFormError` (a ``TypeError``) for anything else, and for
+    heterogeneous DGL graphs (see
     :func:`pingpong.forms._dgl.edge_block_from_dgl`).
     """
     if isinstance(block, EdgeBlock):
@@ -126,14 +129,15 @@ def as_edge_block(block: Any) -> EdgeBlock:
 
     if is_dgl_graph(block):
         return edge_block_from_dgl(block)
-    raise TypeError(f"expected an EdgeBlock or a DGL block, got {type(block).__name__}")
+    raise BatchFormError(f"expected an EdgeBlock or a DGL block, got {type(block).__name__}")
 
 
 def as_hetero_edge_block(block: Any) -> HeteroEdgeBlock:
     """Return ``block`` as a :class:`HeteroEdgeBlock` (DGL graphs of any kind are converted).
 
     A homogeneous DGL graph becomes one edge type, DGL's own
-    (``("_N", "_E", "_N")`` unless named).  ``TypeError`` for anything else.
+    (``("_N", "_E", "_N")`` unless named).  :class:`~pingpong.BatchFormError` (a
+    ``TypeError``) for anything else.
     """
     if isinstance(block, HeteroEdgeBlock):
         return block
@@ -141,4 +145,5 @@ def as_hetero_edge_block(block: Any) -> HeteroEdgeBlock:
 
     if is_dgl_graph(block):
         return hetero_edge_block_from_dgl(block)
-    raise TypeError(f"expected a HeteroEdgeBlock or a DGL graph, got {type(block).__name__}")
+    raise BatchFormError(
+        f"expected a HeteroEdgeBlock or a DGL graph, got {type(block).__name__}")

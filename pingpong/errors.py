@@ -28,9 +28,13 @@ exception                          raised when
                                    lazy conjugate/negative view, keyed by a
                                    node type the source's DGL graph lacks
                                    (``ValueError`` and ``TypeError``)
-:class:`ConfigError`               a loader argument is invalid (``ValueError``)
+:class:`ConfigError`               an argument is invalid: the loader's, the built-in
+                                   sampler's, a helper's (``ValueError`` and
+                                   ``TypeError``); also a source that is no
+                                   re-iterable, and ``len()`` of a loader whose
+                                   source has none
 :class:`GatherModeUnavailable`     the requested gather mode cannot run on this
-                                   device or build (``ValueError``)
+                                   device or build (a ``ConfigError``)
 :class:`BatchTimeoutError`         no batch arrived (or the source's ``iter()``
                                    did not return) within ``timeout`` seconds
                                    (``TimeoutError``)
@@ -94,7 +98,7 @@ class TableError(PingPongError, ValueError, TypeError):
     """A feature or label table cannot be used as given."""
 
 
-class ConfigError(PingPongError, ValueError):
+class ConfigError(PingPongError, ValueError, TypeError):
     """A loader argument is invalid."""
 
 

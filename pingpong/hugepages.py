@@ -42,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from .errors import ConfigError
+
 __all__ = [
     "HUGE_PAGE_BYTES",
     "PAGE_KINDS",
@@ -160,10 +162,10 @@ def _allocate(
 ) -> torch.Tensor:
     """:func:`empty_table`; ``stacklevel=1``: warnings name the public function's caller."""
     if pages not in PAGE_KINDS:
-        raise ValueError(f"pages must be one of {PAGE_KINDS}, got {pages!r}")
+        raise ConfigError(f"pages must be one of {PAGE_KINDS}, got {pages!r}")
     size = torch.Size((shape,) if isinstance(shape, int) else tuple(shape))
     if any(dim < 0 for dim in size):
-        raise ValueError(f"negative dimension in shape {tuple(size)}")
+        raise ConfigError(f"negative dimension in shape {tuple(size)}")
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = math.prod(size) * itemsize
     if nbytes == 0:
@@ -275,7 +277,7 @@ def page_report(tensor: torch.Tensor, smaps: Path | str = "/proc/self/smaps") ->
         ValueError: ``tensor`` is not on the CPU, or no mapping holds it.
     """
     if tensor.device.type != "cpu":
-        raise ValueError(f"page_report needs a CPU tensor, got one on {tensor.device}")
+        raise ConfigError(f"page_report needs a CPU tensor, got one on {tensor.device}")
     start = int(tensor.data_ptr())
     end = start + max(1, tensor.numel() * tensor.element_size())
     totals = dict.fromkeys(("resident_bytes", "anon_huge_bytes", "hugetlb_bytes"), 0)
@@ -307,7 +309,7 @@ def page_report(tensor: torch.Tensor, smaps: Path | str = "/proc/self/smaps") ->
             else:
                 totals[field] += kib
     if not mapped:
-        raise ValueError(f"no mapping in {smaps} holds address {start:#x}")
+        raise ConfigError(f"no mapping in {smaps} holds address {start:#x}")
     return PageReport(
         mapped_bytes=mapped,
         kernel_page_bytes=page,

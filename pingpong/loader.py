@@ -159,8 +159,8 @@ class PingPongLoader(Iterable[Any]):
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
 
     Raises (at construction): ``TableError`` for unusable tables,
-    ``ConfigError``/``GatherModeUnavailable`` for bad arguments, ``TypeError``
-    for a source that is not a re-iterable.
+    ``ConfigError``/``GatherModeUnavailable`` for bad arguments, ``ConfigError``
+    (also a ``TypeError``) for a source that is not a re-iterable.
     """
 
     def __init__(
@@ -189,16 +189,19 @@ class PingPongLoader(Iterable[Any]):
         producer_cpus: Iterable[int] | None = None,
     ) -> None:
         if not isinstance(source, Iterable):
-            raise TypeError(f"source must be iterable, got {type(source).__name__}")
+            raise ConfigError(f"source must be iterable, got {type(source).__name__}")
         seeds = dgl_loader_seeds(source)  # a DistNodeDataLoader's before it is wrapped
         check_dgl_loader_seeds(source, seeds)
         if isinstance(source, Iterator):
             restartable = restartable_dgl_loader(source)  # DistNodeDataLoader & co.
             if restartable is None:
-                raise TypeError(
+                raise ConfigError(
                     f"source is a one-shot iterator ({type(source).__name__}); pass a "
                     "re-iterable such as a DGL DataLoader or a list, since every epoch "
-                    "iterates it again"
+                    "iterates it again. A class of your own whose __iter__ resets it and "
+                    "returns self counts as an iterator (it has __next__): give it an "
+                    "__iter__ that returns a new iterator instead (a generator method), "
+                    "and no __next__"
                 )
             source = restartable
         if (count := integer(num_buffers)) is None or count < 2:
@@ -305,11 +308,12 @@ class PingPongLoader(Iterable[Any]):
         return EpochIterator(self, epoch)
 
     def __len__(self) -> int:
-        """Batches per epoch: ``len(source)``; ``TypeError`` if the source has no length."""
+        """Batches per epoch: ``len(source)``; :class:`ConfigError` (a ``TypeError``)
+        if the source has no length."""
         try:
             return len(self._source)  # type: ignore[arg-type]
         except TypeError:
-            raise TypeError(
+            raise ConfigError(
                 f"the source ({type(self._source).__name__}) has no len(), so neither "
                 "has the loader"
             ) from None
@@ -384,8 +388,9 @@ class PingPongLoader(Iterable[Any]):
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         """Refuse ``pickle``, ``copy.copy`` and ``copy.deepcopy``: a loader owns its
-        producer thread, slots and pinned memory, and a copy would share or lose them."""
-        raise TypeError(
+        producer thread, slots and pinned memory, and a copy would share or lose them
+        (:class:`ConfigError`, a ``TypeError``)."""
+        raise ConfigError(
             "a PingPongLoader cannot be pickled or copied (it owns a producer thread, its "
             "slot buffers and, on CUDA, pinned memory): build one from the source and "
             "tables where it is used -- in each process, for torch.multiprocessing or "

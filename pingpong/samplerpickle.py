@@ -32,6 +32,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor  # imported by torch itself
 
 from ._integers import Count, integer
+from .errors import ConfigError
 
 __all__ = ["DEFAULT_MAX_BYTES", "by_value_reduction", "install_in_this_process",
            "installed_max_bytes", "rebuild_tensor", "send_sampler_batches_by_value"]
@@ -112,5 +113,5 @@ def send_sampler_batches_by_value(max_bytes: Count = DEFAULT_MAX_BYTES) -> int:
 
 def _checked_max_bytes(max_bytes: Any) -> int:
     if (number := integer(max_bytes)) is None or number < 0:
-        raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
+        raise ConfigError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
     return number

@@ -104,7 +104,8 @@ class ServerWatch:
     def of_connections(cls: type[_Watch], servers: Iterable[Server]) -> _Watch:
         """Watch every ESTABLISHED TCP connection of this process to one of ``servers``.
 
-        Raises ``ConnectionError`` naming a server this process has no
+        Raises :class:`~pingpong.ServerGoneError` (a ``ConnectionError``) naming a
+        server this process has no
         established connection to (so the caller can decide to watch the others).
         """
         conns = _tcp_connections()
@@ -115,7 +116,7 @@ class ServerWatch:
         missing = [server for server, server_conns in found.items() if not server_conns]
         if missing:
             names = ", ".join(f"{s.label} ({s.ip}:{s.port})" for s in missing)
-            raise ConnectionError(f"no established TCP connection to {names}")
+            raise ServerGoneError(f"no established TCP connection to {names}")
         watched: list[tuple[Server, socket.socket]] = []
         try:
             for server, server_conns in found.items():

@@ -24,6 +24,7 @@ from conftest import run_in_own_session
 from hypothesis import given
 from hypothesis import strategies as st
 
+import pingpong
 from pingpong.sources import BuiltinLoader, NeighborSampler, make_synthetic_graph
 from pingpong.sources._shard import seeds_per_rank, shard_seeds
 
@@ -69,7 +70,7 @@ def test_shard_rejects_a_bad_rank(rank: int, world: int) -> None:
 
 def test_builtin_use_ddp_without_a_process_group_says_what_to_call() -> None:
     data = make_synthetic_graph(num_nodes=200, num_classes=2, feat_dim=4, seed=0)
-    with pytest.raises(RuntimeError, match="init_process_group"):
+    with pytest.raises(pingpong.ConfigError, match="init_process_group"):
         BuiltinLoader(data.to_csr(), data.train_idx, NeighborSampler([3]), 16, use_ddp=True)
 
 

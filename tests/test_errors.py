@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -186,10 +187,89 @@ def test_cuda_without_gpu_is_refused():
 
 
 def test_one_shot_iterator_source_is_refused():
-    with pytest.raises(TypeError, match="one-shot iterator"):
+    with pytest.raises(pingpong.ConfigError, match="one-shot iterator") as info:
         PingPongLoader(iter(make_triples(N, 2)), torch.randn(N, 2))
-    with pytest.raises(TypeError, match="iterable"):
+    assert isinstance(info.value, TypeError)
+    with pytest.raises(pingpong.ConfigError, match="one-shot iterator"):
+        PingPongLoader((t for t in make_triples(N, 2)), torch.randn(N, 2))
+    with pytest.raises(pingpong.ConfigError, match="iterable") as info:
         PingPongLoader(42, torch.randn(N, 2))  # type: ignore[arg-type]
+    assert isinstance(info.value, TypeError)
+
+
+def test_a_source_that_resets_and_returns_itself_is_told_how_to_fix_it():
+    class Resettable:
+        def __init__(self) -> None:
+            self.items = make_triples(N, 2)
+            self.k = 0
+
+        def __iter__(self) -> Resettable:
+            self.k = 0
+            return self
+
+        def __next__(self) -> Any:
+            if self.k == len(self.items):
+                raise StopIteration
+            self.k += 1
+            return self.items[self.k - 1]
+
+    with pytest.raises(pingpong.ConfigError, match=r"returns self .* a new iterator"):
+        PingPongLoader(Resettable(), torch.randn(N, 2))
+
+
+def test_len_of_a_loader_whose_source_has_none_is_a_pingpong_error():
+    class NoLength:
+        def __iter__(self) -> Iterator[Any]:
+            return iter(make_triples(N, 2))
+
+    with PingPongLoader(NoLength(), torch.randn(N, 2)) as loader:
+        with pytest.raises(pingpong.ConfigError, match="has no len"):
+            len(loader)
+        assert len(list(loader)) == 2  # list() asks for a length hint and goes on
+
+
+def test_ids_on_the_meta_device_are_an_id_type_error():
+    features = torch.randn(N, 2)
+    items: list[Any] = [(torch.arange(5, device="meta"), torch.arange(2), [])]
+    with PingPongLoader(items, features) as loader:
+        with pytest.raises(pingpong.IdTypeError, match="meta device"):
+            next(iter(loader))
+
+
+#: ``raise`` of a built-in exception that pingpong keeps: an internal invariant (a
+#: pingpong bug if seen), the test-only fake device's own stream failures, module
+#: ``__getattr__`` (which must raise AttributeError), and control flow caught at once.
+BUILTIN_RAISES_KEPT = {
+    ("slots.py", "RuntimeError"),
+    ("fake.py", "RuntimeError"),
+    ("fake.py", "TimeoutError"),
+    ("__init__.py", "AttributeError"),  # pingpong.kernels.__getattr__
+    ("_numpy_compat.py", "AttributeError"),  # a __getattr__ too
+    ("__init__.py", "TypeError"),  # forms: control flow caught two lines below
+}
+
+
+def test_every_exception_pingpong_raises_is_a_pingpong_error():
+    """README: "Every exception derives from PingPongError" -- read from the source:
+    no ``raise ValueError(...)`` and the like outside the internal ones kept above."""
+    import ast
+    import builtins
+    from pathlib import Path
+
+    builtin_exceptions = {name for name, value in vars(builtins).items()
+                          if isinstance(value, type) and issubclass(value, BaseException)}
+    found = set()
+    root = Path(pingpong.__file__).parent
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                    and isinstance(node.exc.func, ast.Name)
+                    and node.exc.func.id in builtin_exceptions):
+                found.add((path.name, node.exc.func.id, node.lineno))
+    unexpected = sorted(f for f in found if f[:2] not in BUILTIN_RAISES_KEPT
+                        and f[1] != "AssertionError")
+    assert not unexpected
+    assert {f[:2] for f in found} >= BUILTIN_RAISES_KEPT  # the allow-list is not stale
 
 
 def test_malformed_source_item():

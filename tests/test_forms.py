@@ -343,8 +343,11 @@ def _node_source() -> Any:
 @pytest.mark.parametrize(
     ("make_source", "kwargs", "needle"),
     [
-        (_edge_source, {"labels": LABELS}, "labels=, but a edge-prediction item has no seed"),
-        (_node_source, {"edge_labels": EDGE_LABELS}, "edge_labels=, but a node-classification"),
+        # lists: a DGL DataLoader's seed kind is known when the loader is built (below)
+        (lambda: list(_edge_source()), {"labels": LABELS},
+         "labels=, but an edge-prediction item has no seed nodes .* go in edge_labels="),
+        (lambda: list(_node_source()), {"edge_labels": EDGE_LABELS},
+         "edge_labels=, but a node-classification"),
         (lambda: [dgl.graph(([0, 1], [1, 2]))], {}, r"no ndata\[dgl.NID\]"),
         (lambda: [(torch.arange(3), torch.arange(3), [], "extra", "fields")], {},
          "tuple of length 5"),
@@ -367,6 +370,24 @@ def test_refusals_name_the_problem_before_any_row_is_read(make_source, kwargs, n
             next(iter(loader))
     assert isinstance(info.value, TypeError)
     assert device.gathers == 0
+
+
+@pytest.mark.parametrize(
+    ("make_source", "kwargs", "needle"),
+    [(_edge_source, {"labels": LABELS}, r"seeds are edges .* go in edge_labels="),
+     (_node_source, {"edge_labels": EDGE_LABELS}, r"seeds are nodes.* go in labels=")],
+    ids=["node-labels-edge-seeds", "edge-labels-node-seeds"],
+)
+def test_labels_of_the_wrong_kind_for_a_dgl_loader_are_refused_when_built(make_source, kwargs,
+                                                                          needle):
+    """The DGL DataLoader's sampler says what its seeds are: node labels over an edge
+    prediction sampler (or edge labels over a node sampler) would fail every batch."""
+    with pytest.raises(pingpong.ConfigError, match=needle):
+        PingPongLoader(make_source(), FEATURES, **kwargs)
+    # with form= the form says what is gathered: not refused when built
+    with PingPongLoader(make_source(), FEATURES, form=lambda item: (item[0], None),
+                        **kwargs):
+        pass
 
 
 def test_bad_edge_ids_are_refused_before_any_row_is_read():

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from .._threads import join_within
+from ..errors import ConfigError
 from ..rowsource import RemoteTable
 from ..store import HostTable, byte_rows
 from .base import COMPLETED, Device, Event
@@ -254,7 +255,7 @@ class FakeAsyncDevice(Device):
         edge_blocks: bool = False,
     ) -> None:
         if max_delay_s < 0 or (consumer_max_delay_s or 0) < 0 or host_jitter_s < 0:
-            raise ValueError("delays must be >= 0")
+            raise ConfigError("delays must be >= 0")
         name = f"pingpong-fake-{next(_device_ids)}"
         self.seed = seed
         self.poison = poison
@@ -315,7 +316,7 @@ class FakeAsyncDevice(Device):
         """Make the ``at_call``-th (1-based, counted from now on) host call of
         ``method`` raise ``make_exc()`` in the calling thread."""
         if method not in self.calls:
-            raise ValueError(f"unknown device method {method!r}")
+            raise ConfigError(f"unknown device method {method!r}")
         with self._lock:
             self._faults[method] = (self.calls[method] + at_call, make_exc)
 

@@ -170,9 +170,11 @@ class ItemReader:
     def _no_labels_of(self, kind: str, form: str) -> None:
         if self.label_kind == kind:
             argument = "labels" if kind == "node" else "edge_labels"
+            article = "an" if form[0] in "aeiou" else "a"
             raise BatchFormError(
-                f"the loader has {argument}=, but a {form} item has no "
+                f"the loader has {argument}=, but {article} {form} item has no "
                 f"{'seed nodes' if kind == 'node' else 'edge ids'} to gather them at"
+                + ("; labels per edge go in edge_labels=" if kind == "node" else "")
             )
 
     def _node_triple(self, item: Sequence[Any]) -> ItemPlan:

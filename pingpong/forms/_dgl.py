@@ -111,14 +111,15 @@ def edge_block_from_dgl(graph: Any) -> EdgeBlock:
 
     A block keeps its source/destination node counts; a plain graph (a pair
     graph, a subgraph) has ``num_src_nodes == num_dst_nodes == num_nodes``.
-    ``TypeError`` for a heterogeneous graph (more than one edge type, or more
+    :class:`~pingpong.BatchFormError` (a ``TypeError``) for a heterogeneous graph
+    (more than one edge type, or more
     than one source or destination node type, as in a bipartite ``user ->
     item`` block): an :class:`EdgeBlock` has one edge list over one id space
     per side, and merging the types would mix their local ids (its form is a
     :class:`~pingpong.blocks.HeteroEdgeBlock`).
     """
     if is_heterogeneous_dgl_graph(graph):
-        raise TypeError(
+        raise BatchFormError(
             f"a heterogeneous DGL graph ({len(graph.canonical_etypes)} edge types, source "
             f"node types {list(graph.srctypes)}, destination node types "
             f"{list(graph.dsttypes)}) has no "

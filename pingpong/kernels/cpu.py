@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 from .._numba_threads import must_serialise, parallel_launch_lock
-from ..errors import TableError
+from ..errors import ConfigError, TableError
 from ._checks import (
     check_gather_shapes,
     check_id_array,
@@ -155,7 +155,7 @@ def gather_rows_cpu(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None
     """
     for name, arr in (("table", table), ("ids", ids), ("out", out)):
         if not isinstance(arr, np.ndarray):
-            raise TypeError(f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
+            raise ConfigError(f"{name} must be a numpy.ndarray, got {type(arr).__name__}")
     check_id_array(ids)
     check_gather_shapes(table, ids, out)
     if not table.flags.c_contiguous or not out.flags.c_contiguous:

@@ -23,20 +23,21 @@ from __future__ import annotations
 import torch
 
 from .._integers import Count, integer
+from ..errors import ConfigError
 
 
 def ddp_rank_and_world_size() -> tuple[int, int]:
     """``(rank, world_size)`` of the default torch.distributed process group.
 
-    Raises ``RuntimeError`` naming the fix when torch.distributed is
+    Raises :class:`~pingpong.ConfigError` naming the fix when torch.distributed is
     unavailable or ``init_process_group`` has not been called.
     """
     import torch.distributed as dist
 
     if not dist.is_available():
-        raise RuntimeError("use_ddp=True: this torch build has no torch.distributed")
+        raise ConfigError("use_ddp=True: this torch build has no torch.distributed")
     if not dist.is_initialized():
-        raise RuntimeError(
+        raise ConfigError(
             "use_ddp=True needs torch.distributed: call "
             "torch.distributed.init_process_group(...) in every rank before "
             "building the loader"
@@ -55,16 +56,16 @@ def resolve_rank(use_ddp: bool, num_replicas: Count | None, rank: Count | None) 
     if num_replicas is None and rank is None:
         return ddp_rank_and_world_size() if use_ddp else (0, 1)
     if num_replicas is None or rank is None:
-        raise ValueError(
+        raise ConfigError(
             f"give both num_replicas and rank, or neither; got num_replicas={num_replicas!r}, "
             f"rank={rank!r}"
         )
     for name, value in (("num_replicas", num_replicas), ("rank", rank)):
         if integer(value) is None:
-            raise ValueError(f"{name} must be an int, got {value!r}")
+            raise ConfigError(f"{name} must be an int, got {value!r}")
     num_replicas, rank = int(num_replicas), int(rank)
     if num_replicas < 1 or not 0 <= rank < num_replicas:
-        raise ValueError(f"need 0 <= rank < num_replicas, got rank={rank}, "
+        raise ConfigError(f"need 0 <= rank < num_replicas, got rank={rank}, "
                          f"num_replicas={num_replicas}")
     return rank, num_replicas
 
@@ -88,14 +89,14 @@ def shard_seeds(
     ``world_size == 1`` returns ``seeds`` as is.
     """
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        raise ConfigError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     if world_size == 1:
         return seeds
     n = seeds.shape[0]
     total = world_size * seeds_per_rank(n, world_size, drop_last)
     if total > n:
         if n == 0:
-            raise ValueError("cannot pad an empty seed set across ranks")
+            raise ConfigError("cannot pad an empty seed set across ranks")
         repeats = -(-(total - n) // n)
         padded = torch.cat([seeds, seeds.repeat(repeats)[: total - n]])
     else:

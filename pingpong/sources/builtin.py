@@ -40,6 +40,7 @@ import torch
 
 from .._integers import Count, integer
 from ..blocks import EdgeBlock
+from ..errors import ConfigError, IdRangeError
 from ..kernels._jitcache import jit_cached
 from ._shard import resolve_rank, seeds_per_rank, shard_seeds
 
@@ -64,9 +65,9 @@ def _as_int64_vector(values: Any, name: str) -> torch.Tensor:
     elif not isinstance(values, torch.Tensor):
         values = torch.as_tensor(values)
     if values.dim() != 1:
-        raise ValueError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
+        raise ConfigError(f"{name} must be 1-D, got shape {tuple(values.shape)}")
     if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-        raise TypeError(f"{name} must hold integers, got {values.dtype}")
+        raise ConfigError(f"{name} must hold integers, got {values.dtype}")
     if not values.dtype.is_signed and values.numel():  # torch's unsigned types
         _check_fits_int64(int(values.cpu().numpy().max()), name)
     return values.to(device="cpu", dtype=torch.int64).contiguous()
@@ -74,12 +75,12 @@ def _as_int64_vector(values: Any, name: str) -> torch.Tensor:
 
 def _check_fits_int64(largest: int, name: str) -> None:
     if largest > np.iinfo(np.int64).max:
-        raise IndexError(f"{name} holds {largest}, which no node id can be")
+        raise IdRangeError(f"{name} holds {largest}, which no node id can be")
 
 
 def _check_range(ids: torch.Tensor, num_nodes: int, name: str) -> None:
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_nodes):
-        raise IndexError(
+        raise IdRangeError(
             f"{name} must lie in [0, {num_nodes}), got [{int(ids.min())}, {int(ids.max())}]"
         )
 
@@ -110,18 +111,18 @@ class CSRGraph:
         for name in ("indptr", "indices"):
             value = getattr(self, name)
             if not isinstance(value, torch.Tensor) or value.dtype != torch.int64:
-                raise TypeError(f"CSRGraph.{name} must be an int64 tensor")
+                raise ConfigError(f"CSRGraph.{name} must be an int64 tensor")
             if value.dim() != 1 or value.device.type != "cpu" or not value.is_contiguous():
-                raise ValueError(f"CSRGraph.{name} must be a contiguous 1-D CPU tensor")
+                raise ConfigError(f"CSRGraph.{name} must be a contiguous 1-D CPU tensor")
         if int(self.num_nodes) < 0 or self.indptr.shape[0] != int(self.num_nodes) + 1:
-            raise ValueError("CSRGraph.indptr must have num_nodes + 1 entries")
+            raise ConfigError("CSRGraph.indptr must have num_nodes + 1 entries")
         if int(self.indptr[0]) != 0 or int(self.indptr[-1]) != self.indices.shape[0]:
-            raise ValueError("CSRGraph.indptr must run from 0 to len(indices)")
+            raise ConfigError("CSRGraph.indptr must run from 0 to len(indices)")
         # The samplers' Numba loops index with these unchecked: check them here.
         falls = torch.nonzero(self.indptr[1:] < self.indptr[:-1])
         if falls.numel():
             node = int(falls[0])
-            raise ValueError(
+            raise ConfigError(
                 f"CSRGraph.indptr must be non-decreasing: node {node}'s in-edges would "
                 f"run from {int(self.indptr[node])} to {int(self.indptr[node + 1])}")
         _check_range(self.indices, int(self.num_nodes), "CSRGraph.indices")
@@ -150,10 +151,10 @@ class CSRGraph:
         src_t = _as_int64_vector(src, "src")
         dst_t = _as_int64_vector(dst, "dst")
         if src_t.shape != dst_t.shape:
-            raise ValueError(f"src and dst differ in length: {src_t.shape[0]} != {dst_t.shape[0]}")
+            raise ConfigError(f"src and dst differ in length: {src_t.shape[0]} != {dst_t.shape[0]}")
         num_nodes = int(num_nodes)
         if num_nodes < 0:
-            raise ValueError(f"num_nodes must be >= 0, got {num_nodes}")
+            raise ConfigError(f"num_nodes must be >= 0, got {num_nodes}")
         _check_range(src_t, num_nodes, "src")
         _check_range(dst_t, num_nodes, "dst")
         order = torch.sort(dst_t, stable=True).indices
@@ -165,7 +166,7 @@ class CSRGraph:
     def from_dgl(cls, g: Any) -> CSRGraph:
         """Build from a homogeneous DGL graph (its in-edges; DGL's edge order)."""
         if len(g.ntypes) != 1 or len(g.etypes) != 1:
-            raise ValueError("CSRGraph.from_dgl needs a homogeneous graph")
+            raise ConfigError("CSRGraph.from_dgl needs a homogeneous graph")
         if hasattr(g, "adj_tensors"):  # DGL >= 1.0
             indptr, indices, _ = g.adj_tensors("csc")
         else:  # pragma: no cover - DGL 0.x
@@ -256,16 +257,16 @@ def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma
 
 def _parse_fanouts(fanouts: Sequence[int]) -> tuple[int, ...]:
     if isinstance(fanouts, (str, bytes)) or not isinstance(fanouts, Sequence):
-        raise TypeError(f"fanouts must be a sequence of ints, got {type(fanouts).__name__}")
+        raise ConfigError(f"fanouts must be a sequence of ints, got {type(fanouts).__name__}")
     parsed = []
     for f in fanouts:
         if isinstance(f, bool) or not isinstance(f, (int, np.integer)):
-            raise TypeError(f"fanouts must be ints, got {f!r}")
+            raise ConfigError(f"fanouts must be ints, got {f!r}")
         if f == 0 or f < -1:
-            raise ValueError(f"each fanout must be positive or -1 (all), got {f}")
+            raise ConfigError(f"each fanout must be positive or -1 (all), got {f}")
         parsed.append(int(f))
     if not parsed:
-        raise ValueError("fanouts must not be empty")
+        raise ConfigError("fanouts must not be empty")
     return tuple(parsed)
 
 
@@ -319,11 +320,11 @@ class NeighborSampler:
         seeds_t = _as_int64_vector(seeds, "seeds")
         _check_range(seeds_t, graph.num_nodes, "seeds")
         if torch.unique(seeds_t).shape[0] != seeds_t.shape[0]:
-            raise ValueError("seeds must be distinct")
+            raise ConfigError("seeds must be distinct")
         if node_map is None:
             node_map = np.full(graph.num_nodes, -1, dtype=np.int64)
         elif node_map.dtype != np.int64 or node_map.shape != (graph.num_nodes,):
-            raise ValueError("node_map must be an int64 array of graph.num_nodes entries")
+            raise ConfigError("node_map must be an int64 array of graph.num_nodes entries")
         return self._sample(graph, seeds_t, rng_seed, node_map)
 
     def _sample(
@@ -389,7 +390,7 @@ class BuiltinLoader:
         seed: base integer seed.
         use_ddp: split each epoch across the ranks of the default
             torch.distributed process group (``init_process_group`` must have
-            run; ``RuntimeError`` otherwise).  Rank and world size are read
+            run; :class:`~pingpong.ConfigError` otherwise).  Rank and world size are read
             once, here.
         num_replicas, rank: split each epoch into ``num_replicas`` shares and
             yield share ``rank`` (both or neither; they override ``use_ddp``'s
@@ -413,18 +414,18 @@ class BuiltinLoader:
         rank: Count | None = None,
     ) -> None:
         if not isinstance(graph, CSRGraph):
-            raise TypeError(f"graph must be a CSRGraph, got {type(graph).__name__}")
+            raise ConfigError(f"graph must be a CSRGraph, got {type(graph).__name__}")
         if not isinstance(sampler, NeighborSampler):
-            raise TypeError(f"sampler must be a NeighborSampler, got {type(sampler).__name__}")
+            raise ConfigError(f"sampler must be a NeighborSampler, got {type(sampler).__name__}")
         if (size := integer(batch_size)) is None or size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+            raise ConfigError(f"batch_size must be a positive int, got {batch_size!r}")
         if (number := integer(seed)) is None or number < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+            raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
         batch_size, seed = size, number
         seeds = _as_int64_vector(seed_nodes, "seed_nodes")
         _check_range(seeds, graph.num_nodes, "seed_nodes")
         if torch.unique(seeds).shape[0] != seeds.shape[0]:
-            raise ValueError("seed_nodes must be distinct")
+            raise ConfigError("seed_nodes must be distinct")
         self.graph = graph
         self.seed_nodes = seeds
         self.sampler = sampler
@@ -436,7 +437,7 @@ class BuiltinLoader:
         self.rank, self.world_size = resolve_rank(self.use_ddp, num_replicas, rank)
         self.sharded = self.use_ddp or num_replicas is not None
         if self.sharded and seeds_per_rank(seeds.shape[0], self.world_size, self.drop_last) == 0:
-            raise ValueError(
+            raise ConfigError(
                 f"{seeds.shape[0]} seed nodes leave rank {self.rank} of "
                 f"{self.world_size} with none"
             )
@@ -450,7 +451,7 @@ class BuiltinLoader:
     def set_epoch(self, epoch: Count) -> None:
         """Make the next ``iter()`` produce epoch ``epoch``."""
         if (number := integer(epoch)) is None or number < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+            raise ConfigError(f"epoch must be a non-negative int, got {epoch!r}")
         self._epoch = number
 
     def __len__(self) -> int:

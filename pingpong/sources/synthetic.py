@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from .._integers import Count, integer
+from ..errors import ConfigError
 from .builtin import CSRGraph
 
 __all__ = ["GRAPH_KINDS", "SyntheticGraph", "make_synthetic_graph"]
@@ -97,7 +98,7 @@ class SyntheticGraph:
 def _positive(name: str, value: Any) -> int:
     """``value`` as a Python int; ValueError unless it is an integer >= 1."""
     if (number := integer(value)) is None or number < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+        raise ConfigError(f"{name} must be a positive int, got {value!r}")
     return number
 
 
@@ -141,23 +142,23 @@ def make_synthetic_graph(
     num_classes = _positive("num_classes", num_classes)
     feat_dim = _positive("feat_dim", feat_dim)
     if num_classes > num_nodes:
-        raise ValueError("num_classes must not exceed num_nodes")
+        raise ConfigError("num_classes must not exceed num_nodes")
     if not avg_degree >= 0:
-        raise ValueError(f"avg_degree must be >= 0, got {avg_degree!r}")
+        raise ConfigError(f"avg_degree must be >= 0, got {avg_degree!r}")
     if (number := integer(seed)) is None or number < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
     seed = number
     if not isinstance(feat_dtype, torch.dtype) or not feat_dtype.is_floating_point:
-        raise ValueError(f"feat_dtype must be a floating torch dtype, got {feat_dtype!r}")
+        raise ConfigError(f"feat_dtype must be a floating torch dtype, got {feat_dtype!r}")
     if not 0.0 <= homophily <= 1.0:
-        raise ValueError(f"homophily must lie in [0, 1], got {homophily!r}")
+        raise ConfigError(f"homophily must lie in [0, 1], got {homophily!r}")
     if graph_kind not in GRAPH_KINDS:
-        raise ValueError(f"graph_kind must be one of {GRAPH_KINDS}, got {graph_kind!r}")
+        raise ConfigError(f"graph_kind must be one of {GRAPH_KINDS}, got {graph_kind!r}")
     if not power_law_exponent > 2.0:
-        raise ValueError(f"power_law_exponent must be > 2, got {power_law_exponent!r}")
+        raise ConfigError(f"power_law_exponent must be > 2, got {power_law_exponent!r}")
     fracs = (train_frac, val_frac, test_frac)
     if min(fracs) < 0 or sum(fracs) > 1.0:
-        raise ValueError(f"split fractions must be >= 0 and sum to <= 1, got {fracs}")
+        raise ConfigError(f"split fractions must be >= 0 and sum to <= 1, got {fracs}")
 
     gen = torch.Generator().manual_seed(seed)
     n, c = num_nodes, num_classes
