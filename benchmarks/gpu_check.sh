@@ -24,6 +24,10 @@
 #                  and row sources on the GPU, local rows included (test_rowsource.py,
 #                  test_local_rows.py -m cuda: each gather mode)
 #   ddp [90]       two gloo ranks on the one GPU, zero-copy from shared memory
+#   dist [2x150]   examples/train_dist.py --device cuda: DistDGL on 127.0.0.1 (2 partitions,
+#                  2 servers, 2 gloo trainers on the one GPU), DistTensor rows through
+#                  pingpong's staging buffers, then the plain loop; 2 epochs each (needs
+#                  DGL: PINGPONG_DGL_WHEEL)
 #   memcheck-reliability [180]  memcheck on the out-of-range and leak tests of that suite
 #   gather-32g [300]  gather.py with a 32 GiB table (4 KiB and 2 MiB pages; skipped when
 #                  RAM is short), 512 B rows, no sweep: JSON only
@@ -151,6 +155,11 @@ for step in $steps; do
     ddp)
       run ddp 90 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
         tests/test_distributed.py ;;
+    dist)
+      for loader in pingpong sync; do
+        run "dist-$loader" 150 $py examples/train_dist.py --device cuda --loader "$loader" \
+          --epochs 2 --job-timeout 140
+      done ;;
     memcheck|memcheck-reliability)
       if ! command -v compute-sanitizer >/dev/null; then
         echo "=== $step skipped: compute-sanitizer not found" | tee -a "$log"

@@ -89,7 +89,9 @@ if str(EXAMPLES) not in sys.path:  # sage_model, also when imported by tests/ben
 
 from _args import (  # noqa: E402
     FANOUTS_HOW,
+    add_device_flags,
     buffer_count,
+    check_device_flags,
     check_json_target,
     fanout_list,
     non_negative_float,
@@ -124,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loader", choices=["pingpong", "sync"], default="pingpong",
                    help="pingpong: PingPongLoader over DistNodeDataLoader with DistTensor "
                         "rows; sync: the plain loop pulling feat[input_nodes] inline")
+    add_device_flags(p)
     p.add_argument("--epochs", type=positive_int, default=4)
     p.add_argument("--batch-size", type=positive_int, default=500)
     p.add_argument("--fanouts", type=fanout_list, default=[10, 5], help=FANOUTS_HOW)
@@ -745,10 +748,12 @@ class SyncBatch(NamedTuple):
 class SyncLoader:
     """The plain loop: sample, then pull ``feat[input_nodes]``, ``label[output_nodes]`` inline."""
 
-    def __init__(self, source: Any, features: Any, labels: Any) -> None:
+    def __init__(self, source: Any, features: Any, labels: Any,
+                 device: torch.device | str = "cpu") -> None:
         self.source = source
         self.features = features
         self.labels = labels
+        self.device = torch.device(device)
         self.stats: dict[str, float] = {"batches": 0, "sample_s": 0.0, "fetch_s": 0.0}
 
     def __iter__(self) -> Iterator[SyncBatch]:
@@ -766,7 +771,11 @@ class SyncLoader:
             self.stats["batches"] += 1
             self.stats["sample_s"] += t1 - t0
             self.stats["fetch_s"] += t2 - t1
-            yield SyncBatch(input_nodes, output_nodes, list(blocks), x, y)
+            blocks = list(blocks)
+            if self.device.type != "cpu":  # PyPI's DGL cannot put blocks on a GPU
+                x, y = x.to(self.device), y.to(self.device)
+                blocks = [pingpong.as_edge_block(b).to(self.device) for b in blocks]
+            yield SyncBatch(input_nodes, output_nodes, blocks, x, y)
 
     def close(self) -> None:
         pass
@@ -779,10 +788,11 @@ class SyncLoader:
 
 
 def make_loader(kind: str, source: Any, features: Any, labels: Any, *,
-                num_buffers: int = 2, timeout: float | None = 120.0) -> Any:
+                num_buffers: int = 2, timeout: float | None = 120.0,
+                device: str = "cpu", gather: str = "auto") -> Any:
     if kind == "sync":
-        return SyncLoader(source, features, labels)
-    return pingpong.PingPongLoader(source, features, labels, device="cpu",
+        return SyncLoader(source, features, labels, device)
+    return pingpong.PingPongLoader(source, features, labels, device=device, gather=gather,
                                    num_buffers=num_buffers, timeout=timeout)
 
 
@@ -864,19 +874,21 @@ def trainer_main(args: argparse.Namespace) -> None:
     labels = DelayedRows(tr.g.ndata["label"], args.fetch_delay_ms / 1000)
     torch.manual_seed(args.seed)
     model = SAGE(features.shape[1], args.hidden, spec.num_classes, len(args.fanouts),
-                 args.dropout)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+                 args.dropout).to(args.device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)  # gloo: CUDA tensors too
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
 
     def loader_for(nids: torch.Tensor, shuffle: bool) -> Any:
         source = make_source(tr.g, nids, args.fanouts, args.batch_size, shuffle)
         return make_loader(args.loader, source, features, labels,
-                           num_buffers=args.num_buffers, timeout=args.timeout)
+                           num_buffers=args.num_buffers, timeout=args.timeout,
+                           device=args.device, gather=args.gather)
 
     sizes = all_sum(len(tr.train_nids), len(tr.val_nids), len(tr.test_nids))
     log(f"DistDGL: {tr.world_size} trainers, {tr.g.num_nodes()} nodes, "
         f"{int(sizes[0])}/{int(sizes[1])}/{int(sizes[2])} train/val/test | loader "
-        f"{args.loader} | fanouts {','.join(map(str, args.fanouts))} | batch {args.batch_size}"
+        f"{args.loader} | device {args.device} | fanouts {','.join(map(str, args.fanouts))} "
+        f"| batch {args.batch_size}"
         f" | fetch delay {args.fetch_delay_ms:g} ms | setup {time.perf_counter() - t_start:.1f} s",
         flush=True)
     epochs = []
@@ -1064,6 +1076,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if run_role(lambda: trainer_main(args)):
         return 0
     check_json_target(parser, args.json)
+    check_device_flags(parser, args)
     return launcher_main(args, argv)
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 from conftest import default_sigint, run_in_own_session, still_running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -644,6 +645,25 @@ def test_example_refuses_an_rpc_backend_dgl_lacks_before_starting_anything(
     assert ("has sockets only" if net_type == "tensorpipe"
             else "DGL's RPC backends are 'socket' and 'tensorpipe'") in stderr, stderr[-2000:]
     assert "Traceback" not in stderr
+    assert not pid_file.exists()  # no process was started
+    assert not parts.exists()  # nor partitioning
+
+
+@pytest.mark.parametrize("argv", [
+    ["--gather", "zerocopy"],
+    pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="CUDA is available here")),
+], ids=["cuda-gather-on-cpu", "cuda-without-gpu"])
+def test_example_refuses_device_flags_it_cannot_run_before_starting_anything(
+        argv: list[str], tmp_path: Path) -> None:
+    if (reason := distdgl_unavailable()) is not None:
+        pytest.skip(reason)
+    pid_file, parts = tmp_path / "pids.json", tmp_path / "parts"
+    returncode, _stdout, stderr = run_in_own_session(
+        [sys.executable, str(EXAMPLE), *argv, "--pid-file", str(pid_file),
+         "--part-dir", str(parts)], timeout=60, cwd=tmp_path)
+    assert returncode == 2, stderr[-2000:]
+    assert "error: --" in stderr
     assert not pid_file.exists()  # no process was started
     assert not parts.exists()  # nor partitioning
 
