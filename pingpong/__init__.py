@@ -27,6 +27,7 @@ from .errors import (
     ServerGoneError,
     SlotOverwriteError,
     SourceBusyError,
+    StrayStopIterationError,
     TableError,
 )
 from .loader import PingPongLoader
@@ -58,6 +59,7 @@ __all__ = [
     "ServerGoneError",
     "SlotOverwriteError",
     "SourceBusyError",
+    "StrayStopIterationError",
     "SubgraphBatch",
     "TableError",
     "__version__",

@@ -30,7 +30,12 @@ from ._producer import Delivery, Failure, Message, produce
 from .batch import LeasedBatch
 from .cache import FeatureCache
 from .devices.base import Device
-from .errors import BatchTimeoutError, ProducerDiedError, SlotOverwriteError
+from .errors import (
+    BatchTimeoutError,
+    ProducerDiedError,
+    SlotOverwriteError,
+    StrayStopIterationError,
+)
 from .forms import ItemReader
 from .slots import Lease, Slot
 from .stats import LoaderStats
@@ -51,13 +56,13 @@ class _Wakeup:
 _WAKEUP = _Wakeup()
 
 
-def _stop_iteration_error() -> RuntimeError:
+def _stop_iteration_error() -> StrayStopIterationError:
     """What the training loop gets, caused by it, for a ``StopIteration`` raised
     by code pingpong ran for it (the source's ``iter()``, a ``form=``, a row
     source, a health check):
     raised out of ``next()`` as it is, it would end the loop's ``for`` as if the
     epoch were over -- the rule PEP 479 set for generators."""
-    return RuntimeError(
+    return StrayStopIterationError(
         "StopIteration raised inside pingpong's pipeline (the source's iter(), a form=, "
         "a row source or a health check; see the cause above): not the end of the "
         "epoch, which would have ended the training loop early"

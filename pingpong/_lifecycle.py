@@ -249,7 +249,10 @@ class LoaderCore:
         self.source_shares_its_iterator = source_shares_its_iterator
         self.epoch: Epoch | None = None
         self.closed = False
+        #: the last epoch retired and the device closed (``closed`` comes first)
+        self.fully_closed = False
         self._lock = threading.Lock()
+        self._close_lock = threading.Lock()  # one closer at a time
 
     def start_epoch(self) -> Epoch:
         """``iter(loader)``: supersede the running epoch, start the next one."""
@@ -285,12 +288,19 @@ class LoaderCore:
         run_off_pingpong_threads(self._close)
 
     def _close(self) -> None:
-        with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            epoch, self.epoch = self.epoch, None
-        if epoch is not None:
-            epoch.end(EpochState.LOADER_CLOSED)
-            epoch.retire(join_timeout())
-        self.device.close()
+        """Refuse new epochs, retire the running one, close the device.  A Ctrl-C in
+        the retire's join leaves the epoch in place (ended) and the device open: the
+        next call retires it and closes the device, never under a live producer."""
+        with self._close_lock:
+            with self._lock:
+                if self.fully_closed:
+                    return
+                self.closed = True
+                epoch = self.epoch
+            if epoch is not None:
+                epoch.end(EpochState.LOADER_CLOSED)
+                epoch.retire(join_timeout())
+            with self._lock:
+                self.epoch = None
+                self.fully_closed = True
+            self.device.close()

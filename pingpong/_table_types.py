@@ -53,6 +53,8 @@ def check_tables_against_graph(source: Any, store: FeatureStore, seeds: Seeds | 
 
     Raises:
         TableError: as above.
+        ConfigError: node labels over a loader of edge seeds, or edge labels
+            over one of node seeds (every batch would be refused).
     """
     graph = seeds[1] if seeds is not None else getattr(source, "graph", None)
     if form:

@@ -26,8 +26,12 @@ exception                          raised when
                                    a tensor, 0-D, not on the host, not
                                    contiguous, empty, mismatched lengths, a
                                    lazy conjugate/negative view, keyed by a
-                                   node type the source's DGL graph lacks
-                                   (``ValueError`` and ``TypeError``)
+                                   node or edge type the source's DGL graph
+                                   lacks, fewer rows than that graph's nodes
+                                   or seeds need, given new memory after the
+                                   loader was built, a row source's rows of
+                                   the wrong shape or dtype (``ValueError``
+                                   and ``TypeError``)
 :class:`ConfigError`               an argument is invalid: the loader's, the built-in
                                    sampler's, a helper's (``ValueError`` and
                                    ``TypeError``); also a source that is no
@@ -60,6 +64,10 @@ exception                          raised when
                                    inside :func:`pingpong.rpc_turn` (its
                                    producer could never take its turn)
                                    (``RuntimeError``)
+:class:`StrayStopIterationError`   the source's ``iter()``, a ``form=``, a row
+                                   source or a health check raised
+                                   ``StopIteration``, which is not the end of an
+                                   epoch (``RuntimeError``)
 :class:`BatchExpiredError`         ``batch.record_stream()`` after the batch's
                                    slot was handed back (``RuntimeError``)
 :class:`SlotOverwriteError`        ``debug=True`` only: a slot was refilled while
@@ -151,6 +159,13 @@ class RpcTurnError(PingPongError, RuntimeError):
     """``next()`` on a loader whose producer takes turns in DGL's RPC client, from the
     thread that holds :func:`pingpong.rpc_turn`: the producer could never take its
     turn, so the wait would never end. Raised before waiting; the epoch goes on."""
+
+
+class StrayStopIterationError(PingPongError, RuntimeError):
+    """Code pingpong ran for the training loop -- the source's ``iter()``, a
+    ``form=``, a row source, a health check -- raised ``StopIteration`` (the
+    cause): raised out of ``next()`` as it is, it would end the loop's ``for`` as
+    if the epoch were over (the rule PEP 479 set for generators)."""
 
 
 class BatchExpiredError(PingPongError, RuntimeError):

@@ -323,9 +323,13 @@ class PingPongLoader(Iterable[Any]):
         """Stop the producer, release host registrations.  Idempotent, any thread.
 
         A ``next()`` waiting on another thread raises
-        :class:`~pingpong.errors.LoaderClosedError` promptly.
+        :class:`~pingpong.errors.LoaderClosedError` promptly.  A ``close()``
+        interrupted (Ctrl-C while it joins the producer) is finished by the next.
         """
-        self._finalizer()
+        if self._finalizer.alive:
+            self._finalizer()
+        elif not self._core.fully_closed:  # the first close() was interrupted
+            _close(self._core, self._server_watch)
 
     @property
     def server_watch(self) -> ServerWatch | None:

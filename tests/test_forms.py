@@ -390,6 +390,21 @@ def test_labels_of_the_wrong_kind_for_a_dgl_loader_are_refused_when_built(make_s
         pass
 
 
+def test_a_pair_graph_without_edge_ids_of_a_labelled_type_is_a_batch_form_error():
+    """A hand-built pair graph with dgl.EID on one edge type only (found by review:
+    a KeyError, not a pingpong error)."""
+    pair = dgl.heterograph({RATES: ([0, 1], [1, 0]), FOLLOWS: ([0], [1])},
+                           num_nodes_dict={"user": USERS, "item": ITEMS})
+    pair.edges[RATES].data[dgl.EID] = torch.tensor([3, 4])
+    items: list[Any] = [({"user": torch.arange(2), "item": torch.arange(2)}, pair, [])]
+    device = CountingCPUDevice()
+    with PingPongLoader(items, TYPED_FEATURES, edge_labels={"follows": FOLLOW_WEIGHTS},
+                        heterogeneous=True, device=device) as loader:
+        with pytest.raises(pingpong.BatchFormError, match=r"no edge ids of type .*follows"):
+            next(iter(loader))
+    assert device.gathers == 0
+
+
 def test_bad_edge_ids_are_refused_before_any_row_is_read():
     source = list(_edge_source())  # no graph to check the table against when built
     device = CountingCPUDevice()

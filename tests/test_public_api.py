@@ -30,6 +30,7 @@ EXPECTED = {
     "ServerGoneError",
     "SlotOverwriteError",
     "SourceBusyError",
+    "StrayStopIterationError",
     "SubgraphBatch",
     "TableError",
     "__version__",

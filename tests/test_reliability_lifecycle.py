@@ -555,6 +555,34 @@ def test_a_ctrl_c_while_iter_retires_the_previous_epoch_leaves_it_to_the_next_it
         assert torch.equal(copy.result(), features[triples[source.order[0][0]][0]])
 
 
+def test_a_ctrl_c_while_close_joins_the_producer_is_finished_by_the_next_close(monkeypatch):
+    """A Ctrl-C landing in ``close()``'s join of the producer: the loader is closed
+    (no new epoch) but keeps the ended epoch and its device; the next ``close()``
+    retires the epoch and closes the device (found by review: the device was never
+    closed -- on CUDA the tables stayed pinned -- and a second close() did nothing)."""
+    triples = seq_triples(N, 12)
+    device = fake(seed=0, max_delay_s=0.0)
+    real_retire = epoch_module.Epoch.retire
+
+    def ctrl_c_in_the_join(self: epoch_module.Epoch, join_s: float) -> None:
+        monkeypatch.setattr(epoch_module.Epoch, "retire", real_retire)
+        raise KeyboardInterrupt
+
+    loader = pingpong.PingPongLoader(triples, make_table(), device=device, num_buffers=2)
+    it = iter(loader)
+    next(it)
+    monkeypatch.setattr(epoch_module.Epoch, "retire", ctrl_c_in_the_join)
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    assert loader.closed
+    assert not device.closed  # not under a producer that was never joined
+    with pytest.raises(pingpong.LoaderClosedError):
+        iter(loader)
+    loader.close()
+    assert device.closed
+    assert wait_for_no_pingpong_threads(2.0) == []
+
+
 def test_interpreter_exit_with_a_live_iterator():
     """No "Fatal Python error", the expected exit status, and a prompt exit.
 

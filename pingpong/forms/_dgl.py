@@ -65,6 +65,13 @@ def original_edge_ids(graph: Any, what: str, label_keys: tuple[Any, ...] | None 
         canonical = list(graph.canonical_etypes)
         by_type = edge_ids if isinstance(edge_ids, Mapping) else {canonical[0]: edge_ids}
         matched = match_edge_types(label_keys, canonical, f"the {what}", BatchFormError)
+        lacking = [etype for etype in matched.values() if etype not in by_type]
+        if lacking:
+            raise BatchFormError(
+                f"{what}.edata[dgl.EID] has no edge ids of type {lacking[0]!r} (it has "
+                f"{sorted(by_type)}), so there are none to gather that type's edge "
+                "labels at"
+            )
         return {key: by_type[etype] for key, etype in matched.items()}
     if isinstance(edge_ids, Mapping):  # several edge types: one id tensor per type
         types = ", ".join(repr(etype) for etype in edge_ids)

@@ -16,7 +16,9 @@ Contract:
   on first use, as without a warm-up;
 - :meth:`WarmUpThread.stop` asks the work to stop at its next step (each step
   is one compilation or cache load, which cannot be interrupted) and joins
-  the thread, so no warm-up thread outlives the device that started it;
+  the thread for as long as its caller allows (the devices give it 1 s): a
+  step still compiling then finishes on its own after the device closed, and
+  starts no other;
 - the thread is a daemon, and interpreter exit waits for it, **bounded**.
   When the interpreter starts shutting down (``threading._register_atexit``,
   before finalisation) every warm-up is asked to stop, so none starts
