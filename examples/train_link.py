@@ -68,6 +68,7 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 from _args import (
     FANOUTS_HOW,
     buffer_count,
+    check_device_flags,
     check_json_target,
     fanout_list,
     non_negative_int,
@@ -493,10 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _import_dgl_or_exit(parser)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: CUDA is not available on this machine")
-    if args.device == "cpu" and args.gather in ("zerocopy", "staged", "device"):
-        parser.error(f"--gather {args.gather} needs --device cuda (on the CPU: auto or cpu)")
+    check_device_flags(parser, args)
     check_json_target(parser, args.json)
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
     device = torch.device(args.device)

@@ -72,6 +72,7 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 from _args import (
     FANOUTS_HOW,
     buffer_count,
+    check_device_flags,
     check_json_target,
     fanout_list,
     non_negative_int,
@@ -961,16 +962,13 @@ def _jsonable(value: Any) -> Any:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: CUDA is not available on this machine")
+    check_device_flags(parser, args)
     if args.sampler == "dgl" and not HAVE_DGL:
         parser.error("--sampler dgl: DGL is not installed (use --sampler builtin)")
     if args.graph is not None and not HAVE_DGL:
         parser.error("--graph needs DGL to read dgl.save_graphs files")
     if args.num_workers and args.sampler != "dgl":
         parser.error("--num-workers applies to --sampler dgl only")
-    if args.device == "cpu" and args.gather in ("zerocopy", "staged", "device"):
-        parser.error(f"--gather {args.gather} needs --device cuda (on the CPU: auto or cpu)")
     check_json_target(parser, args.json)
     if args.amp == "fp16" and args.device == "cpu":
         parser.error("--amp fp16 needs --device cuda (use --amp bf16 on the CPU)")

@@ -154,13 +154,15 @@ class CopyStream:
     def move_graph(self, graph: Any) -> Any:
         """Put a graph-like object on the device, on the copy stream."""
         if isinstance(graph, EdgeBlock):
-            edges = torch.stack((graph.src, graph.dst)).pin_memory()
-            with torch.cuda.stream(self.stream):
-                moved = edges.to(self.device, non_blocking=True)
-            self.pending.append(moved)
-            return EdgeBlock(moved[0], moved[1], graph.num_src_nodes, graph.num_dst_nodes)
+            src, dst = self._upload_edges([graph.src, graph.dst])
+            return EdgeBlock(src, dst, graph.num_src_nodes, graph.num_dst_nodes)
         if isinstance(graph, HeteroEdgeBlock):
-            return self._move_hetero_edge_block(graph)
+            moved = iter(self._upload_edges(
+                [t for block in graph.edges.values() for t in (block.src, block.dst)]))
+            edges = {etype: EdgeBlock(next(moved), next(moved), block.num_src_nodes,
+                                      block.num_dst_nodes)
+                     for etype, block in graph.edges.items()}
+            return HeteroEdgeBlock(edges, dict(graph.num_src_nodes), dict(graph.num_dst_nodes))
         # A DGL graph (on a DGL build that can hold it here) or a GraphBolt
         # MiniBatch: moved by its own .to(), on the copy stream.
         with torch.cuda.stream(self.stream):
@@ -168,20 +170,16 @@ class CopyStream:
         self.pending_graphs.append(moved_graph)
         return moved_graph
 
-    def _move_hetero_edge_block(self, graph: HeteroEdgeBlock) -> HeteroEdgeBlock:
-        """Every edge type's ``src`` and ``dst`` in one pinned tensor, one copy."""
-        parts = [t for block in graph.edges.values() for t in (block.src, block.dst)]
+    def _upload_edges(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Edge tensors to the device in one pinned copy on the copy stream; the
+        moved tensors are views of one device tensor, kept for ``record_stream``."""
         if not parts:
-            return graph
+            return []
         flat = torch.cat(parts).pin_memory()
         with torch.cuda.stream(self.stream):
             moved = flat.to(self.device, non_blocking=True)
         self.pending.append(moved)
-        views = moved.split([t.numel() for t in parts])
-        edges = {etype: EdgeBlock(views[2 * k], views[2 * k + 1], block.num_src_nodes,
-                                  block.num_dst_nodes)
-                 for k, (etype, block) in enumerate(graph.edges.items())}
-        return HeteroEdgeBlock(edges, dict(graph.num_src_nodes), dict(graph.num_dst_nodes))
+        return list(moved.split([t.numel() for t in parts]))
 
     def record(self) -> CudaEvent:
         """The fill's ready event, carrying what the consumer must ``record_stream``."""
