@@ -75,6 +75,14 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
                    default="auto", help="pingpong gather mode (CUDA modes need --device cuda)")
 
 
+def add_sampler_threads_flag(p: argparse.ArgumentParser) -> None:
+    """``--sampler-threads``: pingpong's ``sampler_threads`` (None: the loader's default)."""
+    p.add_argument("--sampler-threads", type=positive_int, default=None,
+                   help="pingpong: OpenMP threads DGL's sampler uses on the producer thread "
+                        "(default: on the CPU as many as the gather's, half the cores; "
+                        "on CUDA, DGL's own)")
+
+
 def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """A parser error for ``--device cuda`` without CUDA, or a CUDA gather mode on the CPU."""
     import torch

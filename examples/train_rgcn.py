@@ -46,6 +46,7 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 from _args import (
     add_device_flags,
     add_minibatch_training_flags,
+    add_sampler_threads_flag,
     check_device_flags,
     parse_dgl_example_args,
     positive_int,
@@ -234,7 +235,7 @@ def make_loader(args: argparse.Namespace, data: HeteroData, idx: torch.Tensor,
         return SyncLoader(source, data, torch.device(args.device))
     return pingpong.PingPongLoader(source, data.features, data.labels, heterogeneous=True,
                                    num_buffers=args.num_buffers, device=args.device,
-                                   gather=args.gather)
+                                   gather=args.gather, sampler_threads=args.sampler_threads)
 
 
 # --------------------------------------------------------------------------- training
@@ -280,12 +281,13 @@ def train(args: argparse.Namespace, data: HeteroData) -> dict[str, Any]:
         test_acc = evaluate(model, test_loader)
         print(f"Test Acc: {test_acc:.4f}", flush=True)
         stats = dict(train_loader.stats)
+        sampler_threads = getattr(train_loader, "sampler_threads", None)
     finally:
         for loader in loaders:
             loader.close()
     return {"loader": args.loader, "epoch_times": epoch_times, "losses": losses,
             "val_acc": val_acc, "test_acc": test_acc,
-            "batches": int(stats["batches"])}
+            "batches": int(stats["batches"]), "sampler_threads": sampler_threads}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -299,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=positive_int, default=8)
     p.add_argument("--dropout", type=probability, default=0.2)
     add_minibatch_training_flags(p)
+    add_sampler_threads_flag(p)
     return p
 
 

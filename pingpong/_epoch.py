@@ -96,6 +96,7 @@ class Epoch:
         rpc_lock: threading.Lock | None = None,
         sample_ahead: bool = False,
         producer_cpus: frozenset[int] | None = None,
+        sampler_threads: int | None = None,
     ) -> None:
         self.device = device
         self.health = health
@@ -144,6 +145,7 @@ class Epoch:
                 sample_ahead,
                 producer_cpus,
                 self._source_started,
+                sampler_threads,
             ),
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,

@@ -24,6 +24,7 @@ import torch
 
 from . import _rpc
 from ._ids import TableIds, batch_ids
+from ._sampler_threads import limit_dgl_threads
 from .cache import FeatureCache
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
@@ -143,6 +144,7 @@ def produce(
     sample_ahead: bool = False,
     cpus: frozenset[int] | None = None,
     source_started: threading.Lock | None = None,
+    sampler_threads: int | None = None,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
@@ -156,7 +158,9 @@ def produce(
     that fails at k+1 still delivers batch k first.
 
     With ``cpus`` the thread first restricts itself to those CPUs
-    (``os.sched_setaffinity``); the OS refusing them fails the epoch.
+    (``os.sched_setaffinity``); the OS refusing them fails the epoch.  With
+    ``sampler_threads`` it sets its OpenMP thread count -- DGL's, torch's --
+    before ``iter(source)`` (:mod:`pingpong._sampler_threads`).
 
     ``source_started``, a lock the caller holds, is released exactly once: when
     ``iter(source)`` has returned or raised, or the thread leaves before calling
@@ -194,6 +198,11 @@ def produce(
                     if stop.is_set():
                         return
                     device.producer_started()
+                # After producer_started (Numba's OpenMP layer, started there on
+                # first use, sets the thread's count) and before iter(source),
+                # which may run parallel code (DGL's shuffle): see _sampler_threads.
+                if sampler_threads is not None:
+                    limit_dgl_threads(sampler_threads)
                 with _rpc.holding(rpc_lock, stop, poll_s) as held:
                     if not held or stop.is_set():
                         return

@@ -83,6 +83,14 @@ class PingPongLoader(Iterable[Any]):
         gather_threads: Numba threads the CPU gather uses in the producer thread
             (default: half the cores).  The training loop's torch threads are
             not changed; see the tuning guide.
+        sampler_threads: OpenMP threads DGL's C++ code -- its samplers, with
+            ``num_workers=0`` -- uses on the producer thread (OpenMP's count is
+            per thread: the training thread's DGL calls keep theirs).  Default
+            (``None``): on the CPU, as many as ``gather_threads`` (half the
+            cores), leaving the rest to the training step, which DGL's own
+            default (every core) preempts; on CUDA, DGL's own setting.  Does
+            nothing without DGL imported, nor to GraphBolt's sampling (torch
+            threads).  ``loader.sampler_threads`` says what was set.
         sort_ids: ``"auto"`` (default), ``"gpu"`` or ``"none"``: whether the
             CUDA kernel gathers read each batch's rows in ascending id order --
             the ids are sorted *on the GPU*, on the copy stream, and each row
@@ -174,6 +182,7 @@ class PingPongLoader(Iterable[Any]):
         gather: str = "auto",
         timeout: float | None = None,
         gather_threads: Count | None = None,
+        sampler_threads: Count | None = None,
         sort_ids: str = "auto",
         debug: bool = False,
         heterogeneous: bool = False,
@@ -222,6 +231,12 @@ class PingPongLoader(Iterable[Any]):
         if sample_ahead is not None and not isinstance(sample_ahead, bool):
             raise ConfigError(f"sample_ahead must be None, True or False, got {sample_ahead!r}")
         cpus = _cpu_set(producer_cpus)
+        if sampler_threads is not None and (
+            (threads := integer(sampler_threads)) is None or threads < 1
+        ):
+            raise ConfigError(
+                f"sampler_threads must be None or a positive int, got {sampler_threads!r}"
+            )
         self._source = source
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
@@ -246,6 +261,8 @@ class PingPongLoader(Iterable[Any]):
         except BaseException:
             self._device.close()  # no finaliser exists yet to release it
             raise
+        self._sampler_threads = (self._device.default_sampler_threads
+                                 if sampler_threads is None else int(sampler_threads))
         self._server_watch = dgl_server_watch()  # None unless this is a DistDGL client
         health = _combine_checks(self._server_watch, health_check)
         self._stats = LoaderStats()
@@ -272,6 +289,7 @@ class PingPongLoader(Iterable[Any]):
             rpc_lock=_rpc.lock_for_process(),
             sample_ahead=self._sample_ahead,
             producer_cpus=cpus,
+            sampler_threads=self._sampler_threads,
         )
         cache, device = self._cache, self._device
 
@@ -366,6 +384,12 @@ class PingPongLoader(Iterable[Any]):
         """Whether the producer samples batch k+1 before handing batch k over
         (``sample_ahead=None`` resolved)."""
         return self._sample_ahead
+
+    @property
+    def sampler_threads(self) -> int | None:
+        """OpenMP threads DGL's sampler uses on the producer thread
+        (``sampler_threads=None`` resolved; None: DGL's own setting)."""
+        return self._sampler_threads
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -21,8 +21,17 @@ from .rowsource import RemoteTable, is_row_source, make_remote_table
 
 
 def byte_rows(tensor: torch.Tensor) -> torch.Tensor:
-    """View a contiguous ``(N, ...)`` tensor as ``(N, row_bytes)`` uint8, sharing memory."""
-    rows = tensor.reshape(tensor.shape[0], math.prod(tensor.shape[1:]))
+    """View a contiguous ``(N, ...)`` tensor as ``(N, row_bytes)`` uint8, sharing memory.
+
+    A tensor torch calls contiguous may carry any stride on a dimension of size
+    1 (an ``(N, 1)`` column made by a transpose has strides ``(1, N)``); the
+    view takes the standard strides, which address the same bytes.
+    """
+    width = math.prod(tensor.shape[1:])
+    if tensor.is_contiguous():
+        rows = tensor.as_strided((tensor.shape[0], width), (width, 1))
+    else:
+        rows = tensor.reshape(tensor.shape[0], width)
     return rows.view(torch.uint8)
 
 
@@ -128,7 +137,7 @@ def make_host_table(value: Any, name: str) -> HostTable:
 
     Raises:
         TableError: not a tensor, 0-D, empty, sparse, not on the CPU, not
-            C-contiguous, a lazily conjugated/negated view, a NumPy array
+            C-contiguous, quantized, a lazily conjugated/negated view, a NumPy array
             torch cannot read in place (pingpong never silently copies a
             feature table), or a tensor that requires grad (its gathered rows
             would carry no gradient).
@@ -149,6 +158,12 @@ def make_host_table(value: Any, name: str) -> HostTable:
         raise TableError(
             f"{name} is not contiguous (strides {tensor.stride()}); pass "
             f"{name}.contiguous() -- pingpong does not copy tables implicitly"
+        )
+    if tensor.is_quantized:
+        raise TableError(
+            f"{name} is a quantized tensor ({tensor.dtype}), whose values are its integers "
+            f"with a scale and zero point pingpong would not carry over; pass "
+            f"{name}.int_repr() (and dequantize in the model) or {name}.dequantize()"
         )
     if tensor.is_conj() or tensor.is_neg():
         raise TableError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -135,6 +136,19 @@ def test_bad_tables_are_refused_at_construction(features, labels, needle):
     with pytest.raises((ValueError, TypeError), match=needle) as info:
         PingPongLoader(make_triples(N, 1), features, labels)
     assert isinstance(info.value, pingpong.TableError)
+
+
+@pytest.mark.parametrize("dtype", [torch.qint8, torch.quint8])
+def test_quantized_tables_are_refused_at_construction(dtype):
+    """Their bytes are integers whose scale lives outside them: refused when built,
+    not at the first batch with torch's internal assert."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch deprecates quantized tensors
+        table = torch.quantize_per_tensor(torch.randn(N, 4), 0.1, 0, dtype)
+    with pytest.raises(pingpong.TableError, match=r"features is a quantized tensor.*int_repr"):
+        PingPongLoader(make_triples(N, 1), table)
+    with pytest.raises(pingpong.TableError, match="labels is a quantized tensor"):
+        PingPongLoader(make_triples(N, 1), torch.randn(N, 2), table[:, 0].contiguous())
 
 
 @pytest.mark.parametrize(

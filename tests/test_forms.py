@@ -160,6 +160,62 @@ def test_heterogeneous_edge_prediction():
             assert torch.equal(torch.cat(seen).sort().values, torch.arange(400))
 
 
+# -- node classification: every block sampler --------------------------------------------
+NODE_SAMPLERS: dict[str, Callable[[], Any]] = {
+    "neighbor": lambda: dgl.dataloading.NeighborSampler([4, 3]),
+    "full": lambda: dgl.dataloading.MultiLayerFullNeighborSampler(2),
+    "labor": lambda: dgl.dataloading.LaborSampler([4, 3]),
+}
+AUTHOR_FEATURES = torch.arange(40 * 3, dtype=torch.float64).reshape(40, 3) / 9
+
+
+@pytest.mark.parametrize("device_kind", DEVICE_KINDS)
+@pytest.mark.parametrize("sampler", sorted(NODE_SAMPLERS))
+@pytest.mark.parametrize("heterogeneous", [False, True], ids=["homogeneous", "heterograph"])
+def test_block_samplers_give_triples_whose_rows_are_the_reference(device_kind, sampler,
+                                                                  heterogeneous):
+    """The README's first row: NeighborSampler, MultiLayerFullNeighborSampler and
+    LaborSampler, on a graph and a heterograph; the blocks are the sampler's own
+    (their node ids are the batch's), every seed once per epoch."""
+    g = _hetero_graph() if heterogeneous else _graph()
+    seeds = torch.arange(1, NUM_NODES, 3)
+    source = dgl.dataloading.DataLoader(g, {"paper": seeds} if heterogeneous else seeds,
+                                        NODE_SAMPLERS[sampler](), batch_size=40, shuffle=True)
+    features: Any = ({"paper": FEATURES, "author": AUTHOR_FEATURES} if heterogeneous
+                     else FEATURES)
+    labels: Any = {"paper": LABELS} if heterogeneous else LABELS
+    device = _device(device_kind)
+    checker = Checker(device)
+
+    def check(batch: Any) -> torch.Tensor:
+        assert type(batch) is pingpong.Batch
+        input_nodes, output_nodes, blocks = batch.input_nodes, batch.output_nodes, batch.blocks
+        x: Any = batch.x
+        y: Any = batch.y
+        assert len(blocks) == 2
+        if heterogeneous:
+            for ntype, table in features.items():
+                assert torch.equal(blocks[0].srcnodes[ntype].data[dgl.NID], input_nodes[ntype])
+                checker.equal(x[ntype], table[input_nodes[ntype]])
+            assert torch.equal(blocks[-1].dstnodes["paper"].data[dgl.NID],
+                               output_nodes["paper"])
+            checker.equal(y["paper"], LABELS[output_nodes["paper"]])
+            return output_nodes["paper"]
+        assert torch.equal(blocks[0].srcdata[dgl.NID], input_nodes)
+        assert torch.equal(blocks[-1].dstdata[dgl.NID], output_nodes)
+        checker.equal(x, FEATURES[input_nodes])
+        checker.equal(y, LABELS[output_nodes])
+        return output_nodes
+
+    with PingPongLoader(source, features, labels, device=device,
+                        heterogeneous=heterogeneous) as loader:
+        per_epoch = _epochs(loader, check)
+        checker.resolve()
+    assert checker.checked == sum(map(len, per_epoch)) * (3 if heterogeneous else 2)
+    for outputs in per_epoch:
+        assert torch.equal(torch.cat(outputs).sort().values, seeds)
+
+
 # -- subgraph samplers -------------------------------------------------------------------
 @pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 def test_shadow_items_gather_at_input_and_output_nodes(device_kind):

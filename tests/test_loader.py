@@ -88,6 +88,22 @@ def test_dict_features_and_no_labels():
         assert check_epoch(loader, source, features, None) == 6
 
 
+@pytest.mark.parametrize("row_shape", [(1,), (1, 1)], ids=["N-by-1", "N-by-1-by-1"])
+def test_column_tables_whose_size_1_dims_have_odd_strides_are_read_in_place(row_shape):
+    """``torch.tensor([values]).T`` is an (N, 1) table with strides (1, N), which
+    torch calls contiguous: accepted, read where it lies, rows bit for bit."""
+    features = (torch.arange(N, dtype=torch.float32) / 3).reshape(1, N).T.reshape(N, *row_shape)
+    labels = torch.arange(N).reshape(1, N).T
+    assert features.is_contiguous()
+    assert features.stride()[-1] != 1
+    assert labels.is_contiguous()
+    assert labels.stride() == (1, N)
+    source = make_triples(N, 4)
+    with PingPongLoader(source, features, labels) as loader:
+        for _epoch in range(2):
+            assert check_epoch(loader, source, features, labels) == 4
+
+
 def test_empty_and_partial_batches():
     features = torch.arange(N * 4, dtype=torch.float32).reshape(N, 4)
     labels = torch.arange(N)

@@ -83,6 +83,12 @@ class Device(abc.ABC):
         """Called in each producer thread before its first batch."""
 
     @property
+    def default_sampler_threads(self) -> int | None:
+        """OpenMP threads DGL's sampler gets on the producer thread when the loader
+        is not told (``sampler_threads=None``); None leaves DGL's own setting."""
+        return None
+
+    @property
     def initial_event(self) -> Event:
         """The release event of a slot that was never used."""
         return COMPLETED

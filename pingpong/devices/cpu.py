@@ -148,6 +148,11 @@ class CPUDevice(Device):
         # Numba's thread count is per calling thread: this affects the producer only.
         numba.set_num_threads(self.gather_threads)
 
+    @property
+    def default_sampler_threads(self) -> int:
+        """As many as the gather: the rest of the cores are the training step's."""
+        return self.gather_threads
+
     def wait_event(self, event: Event) -> None:
         return None
 
