@@ -80,7 +80,7 @@ def add_sampler_threads_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler-threads", type=positive_int, default=None,
                    help="pingpong: OpenMP threads DGL's sampler uses on the producer thread "
                         "(default: on the CPU as many as the gather's, half the cores; "
-                        "on CUDA, DGL's own)")
+                        "on CUDA, the process default)")
 
 
 def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -24,7 +24,7 @@ import torch
 
 from . import _rpc
 from ._ids import TableIds, batch_ids
-from ._sampler_threads import limit_dgl_threads
+from ._sampler_threads import dgl_threads_of_this_thread, limit_dgl_threads
 from .cache import FeatureCache
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
@@ -160,7 +160,8 @@ def produce(
     With ``cpus`` the thread first restricts itself to those CPUs
     (``os.sched_setaffinity``); the OS refusing them fails the epoch.  With
     ``sampler_threads`` it sets its OpenMP thread count -- DGL's, torch's --
-    before ``iter(source)`` (:mod:`pingpong._sampler_threads`).
+    before ``iter(source)``; without, it keeps the count it started with
+    (:mod:`pingpong._sampler_threads`).
 
     ``source_started``, a lock the caller holds, is released exactly once: when
     ``iter(source)`` has returned or raised, or the thread leaves before calling
@@ -194,6 +195,7 @@ def produce(
             try:
                 if cpus is not None:  # first, so that threads it starts inherit it
                     _run_on(cpus)
+                started_with = dgl_threads_of_this_thread()
                 with write_lock:  # like a fill: a closing loader waits for it
                     if stop.is_set():
                         return
@@ -203,6 +205,8 @@ def produce(
                 # which may run parallel code (DGL's shuffle): see _sampler_threads.
                 if sampler_threads is not None:
                     limit_dgl_threads(sampler_threads)
+                elif started_with is not None:  # as if Numba had not touched it
+                    limit_dgl_threads(started_with, torch_first=False)
                 with _rpc.holding(rpc_lock, stop, poll_s) as held:
                     if not held or stop.is_set():
                         return

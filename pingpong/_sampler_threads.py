@@ -21,8 +21,16 @@ step: DGL's ``iter()`` shuffles with torch, and once that had run with two
 threads on the producer thread, limiting the steps alone left the epochs as
 slow as not limiting at all (``train_rgcn.py`` on the 2-core VM, three runs
 each; why, in libgomp, was not pinned down).  Numba's OpenMP layer also sets
-the calling thread's count when it starts (the device's ``producer_started``
-may start it), so the producer sets it after that.
+the calling thread's count when it starts (to ``NUMBA_NUM_THREADS``; the
+device's ``producer_started`` may start it), so the producer sets it after
+that -- and, with no count asked for (CUDA's default), puts back the count
+the thread had before.
+
+This holds where DGL and torch load one OpenMP runtime (PyPI's wheels: both
+bind ``libgomp.so.1``); a build on another runtime (llvm-openmp, Intel's) was
+not tried.  Threads DGL or GraphBolt start themselves (DGL's prefetch thread
+for a CUDA ``DataLoader``, GraphBolt's prefetcher before ``copy_to``) start
+with the process default and are not limited.
 
 pingpong never imports DGL for this: a process that has not imported it has
 no DGL sampler to limit.
@@ -31,21 +39,37 @@ no DGL sampler to limit.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 
 
-def limit_dgl_threads(count: int) -> bool:
+def _dgl_utils(name: str) -> Any:
+    return getattr(getattr(sys.modules.get("dgl"), "utils", None), name, None)
+
+
+def limit_dgl_threads(count: int, *, torch_first: bool = True) -> bool:
     """Make OpenMP code called from *this thread* -- DGL's, torch's CPU ops -- use
     ``count`` threads, through DGL's ``dgl.utils.set_num_threads``.
+
+    ``torch_first``: run torch's one-time per-thread set-up first (it would
+    set the count to torch's own at the thread's first parallel op); without
+    it, the count is put back as it was and torch's set-up still comes later.
 
     Returns whether DGL was there to be told (it has been imported and has
     that function); without it, does nothing.
     """
-    dgl = sys.modules.get("dgl")
-    set_num_threads = getattr(getattr(dgl, "utils", None), "set_num_threads", None)
+    set_num_threads = _dgl_utils("set_num_threads")
     if set_num_threads is None:
         return False
-    torch.get_num_threads()  # torch's one-time per-thread set-up, which sets the count
+    if torch_first:
+        torch.get_num_threads()
     set_num_threads(count)
     return True
+
+
+def dgl_threads_of_this_thread() -> int | None:
+    """The OpenMP count DGL's code would use on this thread now (None without DGL);
+    reading it changes nothing."""
+    get_num_threads = _dgl_utils("get_num_threads")
+    return None if get_num_threads is None else int(get_num_threads())

@@ -83,14 +83,15 @@ class PingPongLoader(Iterable[Any]):
         gather_threads: Numba threads the CPU gather uses in the producer thread
             (default: half the cores).  The training loop's torch threads are
             not changed; see the tuning guide.
-        sampler_threads: OpenMP threads DGL's C++ code -- its samplers, with
-            ``num_workers=0`` -- uses on the producer thread (OpenMP's count is
-            per thread: the training thread's DGL calls keep theirs).  Default
-            (``None``): on the CPU, as many as ``gather_threads`` (half the
-            cores), leaving the rest to the training step, which DGL's own
-            default (every core) preempts; on CUDA, DGL's own setting.  Does
-            nothing without DGL imported, nor to GraphBolt's sampling (torch
-            threads).  ``loader.sampler_threads`` says what was set.
+        sampler_threads: OpenMP threads on the producer thread for DGL's C++
+            code -- its samplers and GraphBolt's, with ``num_workers=0`` -- and
+            torch's CPU ops there (OpenMP's count is per thread: the training
+            thread keeps its own).  Default (``None``): on the CPU, as many as
+            ``gather_threads`` (half the cores), leaving the rest to the
+            training step, which DGL's own default (every core) preempts; on
+            CUDA, the count the thread starts with.  Does nothing without DGL
+            imported, nor on threads DGL starts itself (a CUDA ``DataLoader``'s
+            prefetch thread).  ``loader.sampler_threads`` says what was asked.
         sort_ids: ``"auto"`` (default), ``"gpu"`` or ``"none"``: whether the
             CUDA kernel gathers read each batch's rows in ascending id order --
             the ids are sorted *on the GPU*, on the copy stream, and each row

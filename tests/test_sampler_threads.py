@@ -10,6 +10,7 @@ construction with ``ConfigError``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -82,6 +83,7 @@ def test_each_epochs_producer_sets_dgls_count_for_itself_only(dgl, asked):
     source = dgl_source(dgl)
     features, labels = make_table(N, (4,)), make_table(N, (), torch.int64)
     mine = dgl.utils.get_num_threads()
+    fresh = count_on_a_new_thread(dgl)
     with PingPongLoader(source, features, labels, sampler_threads=asked) as loader:
         expected = loader._device.gather_threads if asked is None else asked  # type: ignore[attr-defined]
         assert loader.sampler_threads == expected
@@ -89,17 +91,23 @@ def test_each_epochs_producer_sets_dgls_count_for_itself_only(dgl, asked):
             assert check_batches(loader, features, labels) == len(source)
             assert dgl.utils.get_num_threads() == mine  # the training thread's: untouched
     assert source.seen == [expected, expected]
-    assert count_on_a_new_thread(dgl) == mine  # nor any other thread's
+    assert dgl.utils.get_num_threads() == mine
+    assert count_on_a_new_thread(dgl) == fresh  # nor any other thread's
     assert not wait_for_no_pingpong_threads()
 
 
 def test_default_sampler_threads_on_the_cpu_equal_gather_threads(dgl):
+    fresh = count_on_a_new_thread(dgl)
     source = dgl_source(dgl)
-    with PingPongLoader(source, make_table(N, (4,)), gather_threads=2) as loader:
-        assert loader.sampler_threads == 2
+    with PingPongLoader(source, make_table(N, (4,)),
+                        gather_threads=1 if fresh > 1 else 2) as loader:
+        expected = loader._device.gather_threads  # type: ignore[attr-defined]
+        if expected == fresh:
+            pytest.skip("NUMBA_NUM_THREADS leaves no gather count unlike the default")
+        assert loader.sampler_threads == expected
         for _batch in loader:
             pass
-    assert source.seen == [2]
+    assert source.seen == [expected]
 
 
 def test_on_a_device_standing_in_for_cuda_dgl_keeps_its_own_count(dgl):
@@ -162,3 +170,40 @@ def test_the_count_holds_through_torchs_first_parallel_op_on_a_new_thread(dgl):
     thread.start()
     thread.join()
     assert seen == [(3, 3)]
+
+
+NUMBA_STARTS_ON_THE_PRODUCER = """
+import dgl, torch
+from pingpong import PingPongLoader
+from pingpong.devices.cpu import CPUDevice
+
+class NoDefault(CPUDevice):
+    # CUDA's default (no count) and no warm-up thread, so that Numba's
+    # OpenMP layer starts in the producer's producer_started.
+    default_sampler_threads = None
+    def attach(self, store):
+        pass
+
+seen = []
+class Source:
+    def __iter__(self):
+        seen.append(dgl.utils.get_num_threads())
+        return iter([(torch.arange(4), torch.arange(2), [])])
+
+with PingPongLoader(Source(), torch.zeros(4, 2), device=NoDefault(1)) as loader:
+    assert loader.sampler_threads is None
+    assert sum(1 for _ in loader) == 1
+print(seen)
+"""
+
+
+def test_with_no_count_the_producer_keeps_the_count_it_started_with(dgl):
+    """Numba's OpenMP layer, started on the producer thread, sets that thread's count
+    to NUMBA_NUM_THREADS; with no count asked for (CUDA's default) the producer
+    puts back the process default (OMP_NUM_THREADS=1 here) before iter(source)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "2",
+           "NUMBA_THREADING_LAYER": "omp"}
+    done = subprocess.run([sys.executable, "-c", NUMBA_STARTS_ON_THE_PRODUCER], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[1]"

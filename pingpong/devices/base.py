@@ -85,7 +85,8 @@ class Device(abc.ABC):
     @property
     def default_sampler_threads(self) -> int | None:
         """OpenMP threads DGL's sampler gets on the producer thread when the loader
-        is not told (``sampler_threads=None``); None leaves DGL's own setting."""
+        is not told (``sampler_threads=None``); None: the count the thread
+        started with (the process default)."""
         return None
 
     @property
