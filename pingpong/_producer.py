@@ -195,7 +195,7 @@ def produce(
             try:
                 if cpus is not None:  # first, so that threads it starts inherit it
                     _run_on(cpus)
-                started_with = dgl_threads_of_this_thread()
+                started_with = None if sampler_threads is not None else dgl_threads_of_this_thread()
                 with write_lock:  # like a fill: a closing loader waits for it
                     if stop.is_set():
                         return

@@ -389,7 +389,7 @@ class PingPongLoader(Iterable[Any]):
     @property
     def sampler_threads(self) -> int | None:
         """OpenMP threads DGL's sampler uses on the producer thread
-        (``sampler_threads=None`` resolved; None: DGL's own setting)."""
+        (``sampler_threads=None`` resolved; None: the count the thread started with)."""
         return self._sampler_threads
 
     @property

@@ -218,18 +218,19 @@ class FeatureStore:
     #: ``N`` of a homogeneous store (read per batch); 0 if heterogeneous, whose
     #: tables each have their own.
     num_rows: int = field(init=False, default=0)
-    _host_tables: tuple[HostTable, ...] = field(init=False, default=(), repr=False)
+    #: The tables of ``all_tables`` that are host tables (not row sources).
+    host_tables: tuple[HostTable, ...] = field(init=False, default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not self.heterogeneous:
             object.__setattr__(self, "num_rows", next(iter(self.tables.values())).num_rows)
-        object.__setattr__(self, "_host_tables",
+        object.__setattr__(self, "host_tables",
                            tuple(t for t in self.all_tables if isinstance(t, HostTable)))
 
     def check_memory_unchanged(self) -> None:
         """:meth:`HostTable.check_memory_unchanged` for every host table (per batch,
         before any row is read)."""
-        for table in self._host_tables:
+        for table in self.host_tables:
             table.check_memory_unchanged()
 
     @property

@@ -108,7 +108,7 @@ class CPUDevice(Device):
         self._warm_up: WarmUpThread | None = None
 
     def attach(self, store: FeatureStore) -> None:
-        tables = [table.byte_rows for table in store.all_tables if isinstance(table, HostTable)]
+        tables = [table.byte_rows for table in store.host_tables]
         self.start_warm_up(tables, local_parts(store))
 
     def start_warm_up(self, tables: list[np.ndarray], local: list[np.ndarray]) -> None:

@@ -91,9 +91,8 @@ class _KernelGather(GatherMode):
         from numba import cuda
 
         with cuda.gpus[self.copy.device.index]:
-            for table in store.all_tables:
-                if isinstance(table, HostTable):  # row sources are fetched, not read here
-                    self.sources[id(table)] = self.table_view(table)
+            for table in store.host_tables:  # row sources are fetched, not read here
+                self.sources[id(table)] = self.table_view(table)
         views, index = list(self.sources.values()), self.copy.device.index
         self.warm_up = start_warm_up(
             lambda stop: warm_up_cuda(views, device_index=index, should_stop=stop)
@@ -228,7 +227,7 @@ class StagedGather(GatherMode):
     name = "staged"
 
     def attach(self, store: FeatureStore) -> None:
-        rows = [t.byte_rows for t in store.all_tables if isinstance(t, HostTable)]
+        rows = [t.byte_rows for t in store.host_tables]
         self.warm_up = start_warm_up(lambda stop: warm_up_cpu(rows, should_stop=stop))
 
     def gather(self, table: HostTable, ids: np.ndarray, out_rows: torch.Tensor) -> None:
