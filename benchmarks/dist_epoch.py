@@ -31,7 +31,8 @@ one trainer for both partitions (fewer processes than cores);
 (``DGL_NUM_SAMPLER``), ``--by-value`` has them send small tensors by value
 (:mod:`pingpong.samplerpickle`); ``--pin-training-core C`` (one trainer, Linux) keeps core C
 for the training thread alone and moves every other thread of the job to the
-other cores; ``--num-buffers N`` gives pingpong N slots; ``--nice-data N`` (Linux) runs
+other cores; ``--num-buffers N`` gives pingpong N slots; ``--producer-nice N`` is the loader's
+``producer_nice`` (default: the loader's, 10 on the CPU); ``--nice-data N`` (Linux) runs
 the data side (the producer thread, the sampler processes, the servers) at nice N, the
 training thread at its own; ``--profile-producer PATH`` writes a cProfile of the
 producer threads (thread CPU time; it slows them, so not for timing). The report also
@@ -76,6 +77,7 @@ from sage_model import SAGE
 
 import pingpong
 import pingpong.rowsource
+from pingpong.devices.cpu import CPUDevice
 
 KINDS = ("sync", "pingpong", "load", "compute")
 GOAL_EFFICIENCY = 1.1  # pingpong epoch <= 1.1 x max(load, compute)
@@ -126,6 +128,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="(Linux, --trainers 1) run the training thread alone on CORE: every "
                         "other thread of the trainer (pingpong's producer, DGL's RPC threads, "
                         "gloo), its DGL sampler processes and both servers on the other cores")
+    p.add_argument("--producer-nice", type=int, default=None, metavar="N",
+                   help="PingPongLoader(producer_nice=N): how much pingpong's producer thread "
+                        "raises its nice value (default: --nice-data's N if given, else the "
+                        "loader's default on the CPU, "
+                        f"{CPUDevice.PRODUCER_NICE})")
     p.add_argument("--nice-data", type=int, default=None, metavar="N",
                    help="(Linux) raise the nice value of the data side to N: pingpong's "
                         "producer thread, the trainer's DGL sampler processes and the servers "
@@ -234,20 +241,6 @@ def launcher_servers(option: str) -> list[psutil.Process]:
     return servers
 
 
-def nice_producer_threads(nice: int) -> None:
-    """Every pingpong producer thread of this process sets its own nice value to ``nice``
-    as it starts (Linux: nice is per thread)."""
-    import pingpong._epoch as epoch_module
-
-    produce = epoch_module.produce
-
-    def niced_produce(*args: Any, **kwargs: Any) -> None:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
-        produce(*args, **kwargs)
-
-    epoch_module.produce = niced_produce
-
-
 def nice_data_processes(nice: int) -> None:
     """Every thread of this trainer's child processes (DGL's sampler processes) and of the
     launcher's DGL servers gets nice value ``nice``; exits if no server is found."""
@@ -258,12 +251,19 @@ def nice_data_processes(nice: int) -> None:
                     os.setpriority(os.PRIO_PROCESS, thread.id, nice)
 
 
+def producer_nice(args: argparse.Namespace) -> int:
+    """What pingpong's producer raises its nice value by: ``--producer-nice``, else
+    ``--nice-data`` (the trainer runs at nice 0), else the loader's default on the CPU."""
+    for given in (args.producer_nice, args.nice_data):
+        if given is not None:
+            return int(given)
+    return CPUDevice.PRODUCER_NICE
+
+
 def trainer_main(args: argparse.Namespace) -> None:
 
     if args.profile_producer is not None:
         profile_producer_threads(args.profile_producer)
-    if args.nice_data is not None:
-        nice_producer_threads(args.nice_data)
     tr = td.init_trainer(threads=1)
     if args.nice_data is not None:  # the servers and sampler processes run by now
         nice_data_processes(args.nice_data)
@@ -290,7 +290,8 @@ def trainer_main(args: argparse.Namespace) -> None:
     with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=300,
                                  num_buffers=args.num_buffers,
                                  sample_ahead=not args.no_sample_ahead,
-                                 producer_cpus=producer_cpus) as pp:
+                                 producer_cpus=producer_cpus,
+                                 producer_nice=producer_nice(args)) as pp:
         if producer_cpus is not None:  # after the loader: its warm-up thread moves too
             pin_training_thread(args.pin_training_core, producer_cpus)
 
@@ -526,6 +527,8 @@ def render(report: dict[str, Any]) -> str:
            "ahead)" if s.get("num_buffers", 2) != 2 else "")
         + (f"; the data side at nice {s['nice_data']} (producer thread, sampler processes, "
            "servers)" if s.get("nice_data") is not None else "")
+        + (f"; pingpong's producer thread at nice +{s['producer_nice_used']}"
+           if s.get("producer_nice_used") else "")
         + ("; the producer samples batch k+1 after handing batch k over (no sample-ahead)"
            if s.get("no_sample_ahead") else "")
         + (f"; GIL switch interval {s['switch_interval'] * 1e3:g} ms in the trainers "
@@ -645,9 +648,10 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                      for k, v in vars(args).items()
                      if k in ("num_nodes", "feat_dim", "num_classes", "batch_size", "fanouts",
                               "hidden", "delays_ms", "rounds", "trainers", "samplers",
-                              "by_value", "num_buffers", "nice_data",
+                              "by_value", "num_buffers", "nice_data", "producer_nice",
                               "no_local_rows", "no_id_range", "switch_interval",
-                              "no_sample_ahead", "pin_training_core", "net_type")},
+                              "no_sample_ahead", "pin_training_core", "net_type")}
+        | {"producer_nice_used": producer_nice(args)},
         "steps_per_epoch": result["steps_per_epoch"],
         "train_nodes_per_trainer": result["train_nodes_per_trainer"],
         "summary": summary, "judged": judged,

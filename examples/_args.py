@@ -75,12 +75,24 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
                    default="auto", help="pingpong gather mode (CUDA modes need --device cuda)")
 
 
-def add_sampler_threads_flag(p: argparse.ArgumentParser) -> None:
-    """``--sampler-threads``: pingpong's ``sampler_threads`` (None: the loader's default)."""
+def nice_increment(text: str) -> int:
+    """``--producer-nice``: how much the producer raises its nice value, 0-19."""
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 19, got {text}")
+    return value
+
+
+def add_producer_flags(p: argparse.ArgumentParser) -> None:
+    """``--sampler-threads`` and ``--producer-nice``: pingpong's ``sampler_threads`` and
+    ``producer_nice`` (None: the loader's defaults)."""
     p.add_argument("--sampler-threads", type=positive_int, default=None,
                    help="pingpong: OpenMP threads DGL's sampler uses on the producer thread "
                         "(default: on the CPU as many as the gather's, half the cores; "
                         "on CUDA, the process default)")
+    p.add_argument("--producer-nice", type=nice_increment, default=None,
+                   help="pingpong: how much the producer thread raises its nice value, "
+                        "0-19 (Linux; default: 10 on the CPU, 0 on CUDA)")
 
 
 def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

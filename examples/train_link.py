@@ -67,6 +67,7 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 
 from _args import (
     FANOUTS_HOW,
+    add_producer_flags,
     buffer_count,
     check_device_flags,
     check_json_target,
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gather", choices=["auto", "cpu", "zerocopy", "staged", "device"],
                    default="auto", help="pingpong gather mode")
     p.add_argument("--num-buffers", type=buffer_count, default=2)
+    add_producer_flags(p)
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--batch-size", type=positive_int, default=512,
                    help="positive edges per training batch")
@@ -300,7 +302,9 @@ def make_loader(source: Iterable[Any], data: LinkData, args: argparse.Namespace,
     if args.loader == "dgl":
         return SyncLoader(source, data.features, device)
     return pingpong.PingPongLoader(source, data.features, device=str(device),
-                                   num_buffers=args.num_buffers, gather=args.gather)
+                                   num_buffers=args.num_buffers, gather=args.gather,
+                                   sampler_threads=args.sampler_threads,
+                                   producer_nice=args.producer_nice)
 
 
 # --------------------------------------------------------------------------- model

@@ -47,6 +47,7 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 
 from _args import (
     add_minibatch_training_flags,
+    add_producer_flags,
     parse_dgl_example_args,
     positive_int,
 )
@@ -177,7 +178,9 @@ def make_loader(args: argparse.Namespace, data: RatingData, eids: torch.Tensor,
     if args.loader == "dgl":
         return SyncLoader(source, data)
     return pingpong.PingPongLoader(source, data.features, edge_labels={"rates": data.ratings},
-                                   heterogeneous=True, num_buffers=args.num_buffers)
+                                   heterogeneous=True, num_buffers=args.num_buffers,
+                                   sampler_threads=args.sampler_threads,
+                                   producer_nice=args.producer_nice)
 
 
 # --------------------------------------------------------------------------- training
@@ -242,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ratings-per-user", type=positive_int, default=10)
     p.add_argument("--feat-dim", type=positive_int, default=64)
     add_minibatch_training_flags(p)
+    add_producer_flags(p)
     return p
 
 

@@ -46,7 +46,7 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 from _args import (
     add_device_flags,
     add_minibatch_training_flags,
-    add_sampler_threads_flag,
+    add_producer_flags,
     check_device_flags,
     parse_dgl_example_args,
     positive_int,
@@ -235,7 +235,8 @@ def make_loader(args: argparse.Namespace, data: HeteroData, idx: torch.Tensor,
         return SyncLoader(source, data, torch.device(args.device))
     return pingpong.PingPongLoader(source, data.features, data.labels, heterogeneous=True,
                                    num_buffers=args.num_buffers, device=args.device,
-                                   gather=args.gather, sampler_threads=args.sampler_threads)
+                                   gather=args.gather, sampler_threads=args.sampler_threads,
+                                   producer_nice=args.producer_nice)
 
 
 # --------------------------------------------------------------------------- training
@@ -282,12 +283,14 @@ def train(args: argparse.Namespace, data: HeteroData) -> dict[str, Any]:
         print(f"Test Acc: {test_acc:.4f}", flush=True)
         stats = dict(train_loader.stats)
         sampler_threads = getattr(train_loader, "sampler_threads", None)
+        producer_nice = getattr(train_loader, "producer_nice", None)
     finally:
         for loader in loaders:
             loader.close()
     return {"loader": args.loader, "epoch_times": epoch_times, "losses": losses,
             "val_acc": val_acc, "test_acc": test_acc,
-            "batches": int(stats["batches"]), "sampler_threads": sampler_threads}
+            "batches": int(stats["batches"]), "sampler_threads": sampler_threads,
+            "producer_nice": producer_nice}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -301,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=positive_int, default=8)
     p.add_argument("--dropout", type=probability, default=0.2)
     add_minibatch_training_flags(p)
-    add_sampler_threads_flag(p)
+    add_producer_flags(p)
     return p
 
 

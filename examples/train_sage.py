@@ -71,7 +71,7 @@ if importlib.util.find_spec("pingpong") is None:  # running from a source checko
 
 from _args import (
     FANOUTS_HOW,
-    add_sampler_threads_flag,
+    add_producer_flags,
     buffer_count,
     check_device_flags,
     check_json_target,
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="zerocopy on CUDA: bytes of GPU memory for the hottest feature rows "
                         "(learned in the first epoch; pingpong.cache)")
     p.add_argument("--num-buffers", type=buffer_count, default=2)
-    add_sampler_threads_flag(p)
+    add_producer_flags(p)
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--batch-size", type=positive_int, default=1024)
     p.add_argument("--eval-batch-size", type=positive_int, default=4096)
@@ -348,7 +348,8 @@ def make_loader(source: Iterable[Any], data: Dataset, args: argparse.Namespace,
                                    num_buffers=args.num_buffers, gather=args.gather,
                                    gather_threads=gather_threads, sort_ids=args.sort_ids,
                                    cache_bytes=args.cache_bytes,
-                                   sampler_threads=args.sampler_threads)
+                                   sampler_threads=args.sampler_threads,
+                                   producer_nice=args.producer_nice)
 
 
 # --------------------------------------------------------------------------- training

@@ -97,6 +97,7 @@ class Epoch:
         sample_ahead: bool = False,
         producer_cpus: frozenset[int] | None = None,
         sampler_threads: int | None = None,
+        producer_nice: int = 0,
     ) -> None:
         self.device = device
         self.health = health
@@ -146,6 +147,7 @@ class Epoch:
                 producer_cpus,
                 self._source_started,
                 sampler_threads,
+                producer_nice,
             ),
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,

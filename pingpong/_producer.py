@@ -24,6 +24,7 @@ import torch
 
 from . import _rpc
 from ._ids import TableIds, batch_ids
+from ._producer_nice import lower_this_thread_priority
 from ._sampler_threads import dgl_threads_of_this_thread, limit_dgl_threads
 from .cache import FeatureCache
 from .devices.base import Device, Event
@@ -145,6 +146,7 @@ def produce(
     cpus: frozenset[int] | None = None,
     source_started: threading.Lock | None = None,
     sampler_threads: int | None = None,
+    producer_nice: int = 0,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
@@ -161,7 +163,9 @@ def produce(
     (``os.sched_setaffinity``); the OS refusing them fails the epoch.  With
     ``sampler_threads`` it sets its OpenMP thread count -- DGL's, torch's --
     before ``iter(source)``; without, it keeps the count it started with
-    (:mod:`pingpong._sampler_threads`).
+    (:mod:`pingpong._sampler_threads`).  With ``producer_nice`` it raises its own
+    nice value by that much, first, so that threads it starts inherit it
+    (:mod:`pingpong._producer_nice`).
 
     ``source_started``, a lock the caller holds, is released exactly once: when
     ``iter(source)`` has returned or raised, or the thread leaves before calling
@@ -195,6 +199,7 @@ def produce(
             try:
                 if cpus is not None:  # first, so that threads it starts inherit it
                     _run_on(cpus)
+                lower_this_thread_priority(producer_nice)
                 started_with = None if sampler_threads is not None else dgl_threads_of_this_thread()
                 with write_lock:  # like a fill: a closing loader waits for it
                     if stop.is_set():

@@ -17,6 +17,7 @@ from ._dgl_seeds import check_dgl_loader_seeds, dgl_loader_seeds
 from ._epoch import Epoch, EpochIterator
 from ._integers import Count, integer
 from ._lifecycle import LoaderCore
+from ._producer_nice import MAX_NICE
 from ._table_types import check_tables_against_graph, edge_label_keys
 from .cache import make_feature_cache
 from .devices import Device, make_device
@@ -163,6 +164,19 @@ class PingPongLoader(Iterable[Any]):
             ``taskset`` mask of another thread: the producer may get CPUs
             the training thread has not), and refuses a set with none of
             them -- the epoch then ends with its ``OSError``.
+        producer_nice: how much each epoch's producer thread raises its own nice
+            value (an int 0-19, capped at nice 19; Linux, where nice is per
+            thread: the training thread keeps its priority, threads the
+            producer starts inherit the new one).  A lower priority lets the
+            training step's threads have the cores when they want them and
+            gives the producer the gaps; where the data side is the longer one
+            the training loop waits and the producer gets the cores anyway.
+            Default (``None``): on the CPU 10, where the training step's torch
+            threads use every core (a 2-core VM: ``train_sage.py``'s epochs
+            went from slower than the plain loop to faster; the guide); on
+            CUDA 0 (not measured there).  ``loader.producer_nice`` says which.
+            Only ever raised: an unprivileged process cannot lower a nice
+            value back.
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -197,6 +211,7 @@ class PingPongLoader(Iterable[Any]):
         health_check: Callable[[], None] | None = None,
         sample_ahead: bool | None = None,
         producer_cpus: Iterable[int] | None = None,
+        producer_nice: Count | None = None,
     ) -> None:
         if not isinstance(source, Iterable):
             raise ConfigError(f"source must be iterable, got {type(source).__name__}")
@@ -238,6 +253,13 @@ class PingPongLoader(Iterable[Any]):
             raise ConfigError(
                 f"sampler_threads must be None or a positive int, got {sampler_threads!r}"
             )
+        if producer_nice is not None and (
+            (nice := integer(producer_nice)) is None or not 0 <= nice <= MAX_NICE
+        ):
+            raise ConfigError(
+                f"producer_nice must be None or an int from 0 to {MAX_NICE} (how much the "
+                f"producer thread raises its nice value), got {producer_nice!r}"
+            )
         self._source = source
         self._store: FeatureStore = make_feature_store(
             features, labels, bool(heterogeneous), edge_labels
@@ -264,6 +286,8 @@ class PingPongLoader(Iterable[Any]):
             raise
         self._sampler_threads = (self._device.default_sampler_threads
                                  if sampler_threads is None else int(sampler_threads))
+        self._producer_nice = (self._device.default_producer_nice
+                               if producer_nice is None else int(producer_nice))
         self._server_watch = dgl_server_watch()  # None unless this is a DistDGL client
         health = _combine_checks(self._server_watch, health_check)
         self._stats = LoaderStats()
@@ -291,6 +315,7 @@ class PingPongLoader(Iterable[Any]):
             sample_ahead=self._sample_ahead,
             producer_cpus=cpus,
             sampler_threads=self._sampler_threads,
+            producer_nice=self._producer_nice,
         )
         cache, device = self._cache, self._device
 
@@ -391,6 +416,12 @@ class PingPongLoader(Iterable[Any]):
         """OpenMP threads DGL's sampler uses on the producer thread
         (``sampler_threads=None`` resolved; None: the count the thread started with)."""
         return self._sampler_threads
+
+    @property
+    def producer_nice(self) -> int:
+        """How much each producer thread raises its nice value
+        (``producer_nice=None`` resolved; 0: not at all)."""
+        return self._producer_nice
 
     @property
     def stats(self) -> dict[str, Any]:

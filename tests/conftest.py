@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
@@ -77,6 +77,13 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(as_bytes(a), as_bytes(b))
+
+
+def same_bits_on_the_consumer_stream(device: Any, got: torch.Tensor,
+                                     want: torch.Tensor) -> bool:
+    """:func:`same_bits` run as the model would read ``got``: on the fake asynchronous
+    ``device``'s consumer stream, after the batch's ready event."""
+    return bool(device.consumer_submit(lambda: same_bits(got, want)).result())
 
 
 def warm_up_of(loader: pingpong.PingPongLoader) -> WarmUpThread:

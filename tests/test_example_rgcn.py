@@ -24,12 +24,16 @@ CHANCE = 1 / 8
 @pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
 @pytest.mark.parametrize("loader", ["pingpong", "dgl"])
 def test_rgcn_learns_through_either_loader(tmp_path: Path, loader: str) -> None:
-    result, stdout = run_example(tmp_path, loader, *TINY, "--loader", loader, script=SCRIPT)
+    producer = ["--producer-nice", "5", "--sampler-threads", "1"] if loader == "pingpong" else []
+    result, stdout = run_example(tmp_path, loader, *TINY, "--loader", loader, *producer,
+                                 script=SCRIPT)
     assert "2000 papers, 600 authors, 16 fields" in stdout
     assert len(re.findall(r"^Epoch \d{5} \| Loss ", stdout, re.M)) == 3
     assert result["loader"] == loader
     assert result["batches"] == 3 * 8  # 1,000 training papers in batches of 128
     assert result["test_acc"] > CHANCE + 0.3
+    if loader == "pingpong":  # the flags reach the loader
+        assert (result["producer_nice"], result["sampler_threads"]) == (5, 1)
 
 
 def test_rgcn_without_dgl_is_a_clear_error(tmp_path: Path,
@@ -51,6 +55,7 @@ def test_rgcn_without_dgl_is_a_clear_error(tmp_path: Path,
 @pytest.mark.parametrize("argv", [
     ["--num-buffers", "1"], ["--fanouts", "10,0"], ["--dropout", "1.5"], ["--lr", "0"],
     ["--epochs", "0"], ["--json", "/no/such/folder/run.json"], ["--gather", "zerocopy"],
+    ["--producer-nice", "20"], ["--producer-nice", "-1"], ["--sampler-threads", "0"],
     pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
         torch.cuda.is_available(), reason="CUDA is available here")),
 ])

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import same_bits, wait_for_no_pingpong_threads
+from conftest import same_bits_on_the_consumer_stream, wait_for_no_pingpong_threads
 from test_reliability import make_table, seq_triples
 
 from pingpong import ConfigError, PingPongLoader
@@ -120,12 +120,7 @@ def test_on_a_device_standing_in_for_cuda_dgl_keeps_its_own_count(dgl):
     with PingPongLoader(source, features, device=device) as loader:
         assert loader.sampler_threads is None
         for batch in loader:
-            x, want = batch.x, features[batch.input_nodes]
-
-            def rows_as_the_model_reads_them(x: Any = x, want: Any = want) -> bool:
-                return same_bits(x, want)
-
-            assert device.consumer_submit(rows_as_the_model_reads_them).result()
+            assert same_bits_on_the_consumer_stream(device, batch.x, features[batch.input_nodes])
     with PingPongLoader(source, features, device=FakeAsyncDevice(seed=1),
                         sampler_threads=fresh + 1) as loader:
         for _batch in loader:

@@ -90,6 +90,12 @@ class Device(abc.ABC):
         return None
 
     @property
+    def default_producer_nice(self) -> int:
+        """How much the producer thread raises its nice value when the loader is
+        not told (``producer_nice=None``); 0: not at all."""
+        return 0
+
+    @property
     def initial_event(self) -> Event:
         """The release event of a slot that was never used."""
         return COMPLETED

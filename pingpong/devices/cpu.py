@@ -153,6 +153,16 @@ class CPUDevice(Device):
         """As many as the gather: the rest of the cores are the training step's."""
         return self.gather_threads
 
+    #: How much the producer raises its nice value by default: the training step's
+    #: torch threads use every core, and the producer beside them at the same
+    #: priority slowed the step more than it saved (:mod:`pingpong._producer_nice`).
+    PRODUCER_NICE = 10
+
+    @property
+    def default_producer_nice(self) -> int:
+        """:attr:`PRODUCER_NICE`."""
+        return self.PRODUCER_NICE
+
     def wait_event(self, event: Event) -> None:
         return None
 

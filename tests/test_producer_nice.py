@@ -1,0 +1,164 @@
+"""``producer_nice``: each epoch's producer thread lowers its own priority.
+
+What it promises (``PingPongLoader`` docstring, :mod:`pingpong._producer_nice`):
+on Linux each epoch's producer raises its own nice value by ``producer_nice``
+(capped at 19) before it iterates the source -- by default 10 on the CPU, 0 on
+a device standing in for CUDA -- so threads it starts inherit it, and no other
+thread's priority changes.  Batches stay bit for bit the reference; bad values
+are refused at construction with ``ConfigError``; an OS that refuses is a
+logged warning, not a failed epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from conftest import same_bits, same_bits_on_the_consumer_stream, wait_for_no_pingpong_threads
+from test_reliability import make_table, seq_triples
+
+from pingpong import ConfigError, PingPongLoader
+from pingpong._producer_nice import MAX_NICE
+from pingpong.devices.fake import FakeAsyncDevice
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="nice is per thread on Linux only")
+
+N = 300
+
+
+def nice_of_this_thread() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def nice_of_a_thread_started_here() -> int:
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(nice_of_this_thread()))
+    thread.start()
+    thread.join()
+    return seen[0]
+
+
+class NiceLoggingSource:
+    """Triples that record, per pass, the nice values of the thread iterating them
+    (pingpong's producer) -- in ``iter()`` and at every step -- and of a thread
+    that thread starts (as DGL's or Numba's pools would be)."""
+
+    def __init__(self, num_batches: int = 5) -> None:
+        self.triples = seq_triples(N, num_batches)
+        self.seen: list[set[int]] = []
+        self.child: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.triples)
+
+    def __iter__(self) -> Iterator[Any]:
+        values = {nice_of_this_thread()}
+        self.child.append(nice_of_a_thread_started_here())
+        return self._steps(values)
+
+    def _steps(self, values: set[int]) -> Iterator[Any]:
+        for item in self.triples:
+            values.add(nice_of_this_thread())
+            yield item
+        self.seen.append(values)
+
+
+def check_batches(loader: Any, features: torch.Tensor, labels: torch.Tensor) -> int:
+    count = 0
+    for batch in loader:
+        assert same_bits(batch.x, features[batch.input_nodes])
+        assert same_bits(batch.y, labels[batch.output_nodes])
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize(("asked", "raised_by"), [(None, 10), (3, 3), (0, 0)])
+def test_each_epochs_producer_lowers_its_own_priority_only(asked, raised_by):
+    source = NiceLoggingSource()
+    features, labels = make_table(N, (4,)), make_table(N, (), torch.int64)
+    mine = nice_of_this_thread()
+    want = min(MAX_NICE, mine + raised_by)
+    with PingPongLoader(source, features, labels, producer_nice=asked) as loader:
+        assert loader.producer_nice == raised_by
+        for _epoch in range(2):
+            assert check_batches(loader, features, labels) == len(source)
+            assert nice_of_this_thread() == mine  # the training thread's: untouched
+    assert source.seen == [{want}, {want}]  # from iter() on, every epoch's new thread
+    assert source.child == [want, want]  # threads the producer starts inherit it
+    assert nice_of_this_thread() == mine
+    assert nice_of_a_thread_started_here() == mine  # nor any other thread's
+    assert not wait_for_no_pingpong_threads()
+
+
+def test_on_a_device_standing_in_for_cuda_the_default_leaves_the_priority_alone():
+    """The default on CUDA is 0 (not measured there); the fake device stands in for
+    it.  An explicit value still applies."""
+    source = NiceLoggingSource()
+    features = make_table(N, (4,))
+    mine = nice_of_this_thread()
+    device = FakeAsyncDevice(seed=0)
+    with PingPongLoader(source, features, device=device) as loader:
+        assert loader.producer_nice == 0
+        for batch in loader:
+            assert same_bits_on_the_consumer_stream(device, batch.x, features[batch.input_nodes])
+    with PingPongLoader(source, features, device=FakeAsyncDevice(seed=1),
+                        producer_nice=2) as loader:
+        for _batch in loader:
+            pass
+    assert source.seen == [{mine}, {min(MAX_NICE, mine + 2)}]
+
+
+def test_the_nice_value_is_capped_at_19():
+    """Started from a thread already at nice 15, a producer asked for +10 ends at 19
+    (the loader is made and iterated on that thread, whose nice its producer
+    inherits; a raised nice value cannot be lowered again, hence a thread of its own)."""
+    source = NiceLoggingSource(2)
+    features = make_table(N, (4,))
+    counted: list[int] = []
+    errors: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                           max(15, nice_of_this_thread()))
+            with PingPongLoader(source, features, producer_nice=10) as loader:
+                counted.append(sum(1 for _ in loader))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert counted == [2]
+    assert source.seen == [{MAX_NICE}]
+
+
+def test_an_os_that_refuses_is_a_warning_and_the_epoch_goes_on(monkeypatch, caplog):
+    def refuse(*args: Any) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    source = NiceLoggingSource()
+    features, labels = make_table(N, (4,)), make_table(N, (), torch.int64)
+    mine = nice_of_this_thread()
+    with caplog.at_level(logging.WARNING, logger="pingpong._producer_nice"):
+        with PingPongLoader(source, features, labels, producer_nice=5) as loader:
+            assert check_batches(loader, features, labels) == len(source)
+    assert source.seen == [{mine}]
+    assert any("producer_nice=5" in r.getMessage() and "Operation not permitted"
+               in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize("bad", [-1, 20, 1.5, True, "2"])
+def test_bad_values_are_refused_at_construction(bad):
+    with pytest.raises(ConfigError, match="producer_nice"):
+        PingPongLoader(seq_triples(N, 1), make_table(N, (4,)), producer_nice=bad)
+    assert not wait_for_no_pingpong_threads()
