@@ -6,11 +6,13 @@ sampler, the gather -- runs beside them and takes a core from them for as long
 as it works.  A training step's OpenMP team goes at the pace of its slowest
 thread, so a core taken from one member slows the whole step, and the data
 side's overlap turned into a loss: ``examples/train_sage.py`` at its default
-size on a 2-core VM had pingpong's epochs 5-9% *longer* than the plain loop's.
+size on a 2-core VM had pingpong's epochs 5-12% *longer* than the plain loop's.
 With the producer at a lower priority the scheduler runs it in the gaps the
 step leaves (between ops, while it waits for the GIL, or for the next batch),
 and gives the step's threads the cores when they want them: the same job's
-epochs became shorter than the plain loop's (numbers in the README).  Where
+epochs became level with or shorter than the plain loop's (numbers in the
+README).  Not on a DistDGL job whose servers share the cores (mixed:
+docs/distributed.rst).  Where
 the data side is the longer one, the training loop waits for batches and its
 threads sleep, so the producer gets the cores anyway: a features-only model
 (``--mlp --feat-dim 512``) took as long either way.
