@@ -77,9 +77,11 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
 
 def nice_increment(text: str) -> int:
     """``--producer-nice``: how much the producer raises its nice value, 0-19."""
+    from pingpong._producer_nice import MAX_NICE
+
     value = int(text)
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 19, got {text}")
+    if not 0 <= value <= MAX_NICE:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {MAX_NICE}, got {text}")
     return value
 
 

@@ -164,7 +164,8 @@ def produce(
     ``sampler_threads`` it sets its OpenMP thread count -- DGL's, torch's --
     before ``iter(source)``; without, it keeps the count it started with
     (:mod:`pingpong._sampler_threads`).  With ``producer_nice`` it raises its own
-    nice value by that much, first, so that threads it starts inherit it
+    nice value by that much, after the affinity and before ``producer_started``
+    and ``iter(source)``, so that threads it starts inherit it
     (:mod:`pingpong._producer_nice`).
 
     ``source_started``, a lock the caller holds, is released exactly once: when

@@ -11,11 +11,10 @@ With the producer at a lower priority the scheduler runs it in the gaps the
 step leaves (between ops, while it waits for the GIL, or for the next batch),
 and gives the step's threads the cores when they want them: the same job's
 epochs became level with or shorter than the plain loop's (numbers in the
-README).  Not on a DistDGL job whose servers share the cores (mixed:
-docs/distributed.rst).  Where
-the data side is the longer one, the training loop waits for batches and its
-threads sleep, so the producer gets the cores anyway: a features-only model
-(``--mlp --feat-dim 512``) took as long either way.
+README).  Where the data side is the longer one, the training loop waits for
+batches and its threads sleep, so the producer gets the cores anyway: a
+features-only model (``--mlp --feat-dim 512``) took as long either way.  Not
+on a DistDGL job whose servers share the cores (mixed: docs/distributed.rst).
 
 Linux keeps a nice value per thread (``setpriority(PRIO_PROCESS, tid)``) and a
 thread inherits its creator's at creation, so raising it on the producer
