@@ -32,11 +32,12 @@ one trainer for both partitions (fewer processes than cores);
 (:mod:`pingpong.samplerpickle`); ``--pin-training-core C`` (one trainer, Linux) keeps core C
 for the training thread alone and moves every other thread of the job to the
 other cores; ``--num-buffers N`` gives pingpong N slots; ``--producer-nice N`` is the loader's
-``producer_nice`` (default: the loader's, 10 on the CPU); ``--nice-data N`` (Linux) runs
-the data side (the producer thread, the sampler processes, the servers) at nice N, the
-training thread at its own; ``--profile-producer PATH`` writes a cProfile of the
-producer threads (thread CPU time; it slows them, so not for timing). The report also
-gives a CPU floor: the machine's CPU seconds of a load and a compute epoch over its cores.
+``producer_nice`` (default: the loader's, 0 in a DistDGL trainer); ``--nice-data N``
+(Linux) runs the data side (the producer thread unless ``--producer-nice`` is given, the
+sampler processes, the servers) at nice N, the training thread at its own;
+``--profile-producer PATH`` writes a cProfile of the producer threads (thread CPU time; it
+slows them, so not for timing). The report also gives a CPU floor: the machine's CPU
+seconds of a load and a compute epoch over its cores.
 
     python benchmarks/dist_epoch.py --quick                       # ~1.5 min smoke run
     python benchmarks/dist_epoch.py --out docs/benchmarks --name dist-epoch-cpu
@@ -77,7 +78,7 @@ from sage_model import SAGE
 
 import pingpong
 import pingpong.rowsource
-from pingpong.devices.cpu import CPUDevice
+from pingpong._producer_nice import MAX_NICE
 
 KINDS = ("sync", "pingpong", "load", "compute")
 GOAL_EFFICIENCY = 1.1  # pingpong epoch <= 1.1 x max(load, compute)
@@ -129,14 +130,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "other thread of the trainer (pingpong's producer, DGL's RPC threads, "
                         "gloo), its DGL sampler processes and both servers on the other cores")
     p.add_argument("--producer-nice", type=int, default=None, metavar="N",
-                   help="PingPongLoader(producer_nice=N): how much pingpong's producer thread "
-                        "raises its nice value (default: --nice-data's N if given, else the "
-                        "loader's default on the CPU, "
-                        f"{CPUDevice.PRODUCER_NICE})")
+                   help=f"PingPongLoader(producer_nice=N), 0-{MAX_NICE}: how much pingpong's "
+                        "producer thread raises its nice value (default: up to --nice-data's "
+                        "N if given, else the loader's default, 0 in a DistDGL trainer)")
     p.add_argument("--nice-data", type=int, default=None, metavar="N",
-                   help="(Linux) raise the nice value of the data side to N: pingpong's "
-                        "producer thread, the trainer's DGL sampler processes and the servers "
-                        "(the training thread keeps its own), for every kind of epoch")
+                   help=f"(Linux) raise the nice value of the data side to N, 0-{MAX_NICE}: "
+                        "pingpong's producer thread (unless --producer-nice says otherwise), "
+                        "the trainer's DGL sampler processes and the servers (the training "
+                        "thread keeps its own), for every kind of epoch")
     p.add_argument("--net-type", choices=("socket", "tensorpipe"), default=None,
                    help="DGL's RPC backend for the servers and trainers (default: DGL's own, "
                         "socket; DGL 2.x has no other)")
@@ -154,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--pin-training-core needs --trainers 1")
     if args.by_value and not args.samplers:
         p.error("--by-value needs --samplers")
+    for flag, value in (("--producer-nice", args.producer_nice), ("--nice-data", args.nice_data)):
+        if value is not None and not 0 <= value <= MAX_NICE:
+            p.error(f"{flag} must be 0-{MAX_NICE}, got {value}")
     if args.quick:
         args.num_nodes, args.delays_ms, args.rounds = 20_000, [0.0, 3.0], 3
     return args
@@ -251,13 +255,17 @@ def nice_data_processes(nice: int) -> None:
                     os.setpriority(os.PRIO_PROCESS, thread.id, nice)
 
 
-def producer_nice(args: argparse.Namespace) -> int:
-    """What pingpong's producer raises its nice value by: ``--producer-nice``, else
-    ``--nice-data`` (the trainer runs at nice 0), else the loader's default on the CPU."""
-    for given in (args.producer_nice, args.nice_data):
-        if given is not None:
-            return int(given)
-    return CPUDevice.PRODUCER_NICE
+def producer_nice(args: argparse.Namespace) -> int | None:
+    """``PingPongLoader(producer_nice=)`` for this trainer, called on its training thread:
+    ``--producer-nice``; else, with ``--nice-data N``, what takes the producer from this
+    thread's nice value to N (the producer starts at its creator's); else None, the
+    loader's default (0 in a DistDGL trainer)."""
+    if args.producer_nice is not None:
+        return int(args.producer_nice)
+    if args.nice_data is not None:
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return max(0, int(args.nice_data) - mine)
+    return None
 
 
 def trainer_main(args: argparse.Namespace) -> None:
@@ -342,7 +350,10 @@ def trainer_main(args: argparse.Namespace) -> None:
         Path(os.environ[td.RESULT_ENV]).write_text(json.dumps({
             "rows": rows, "train_nodes_per_trainer": len(tr.train_nids),
             "steps_per_epoch": math.ceil(len(tr.train_nids) / args.batch_size),
-            "pulls_per_step": 2}))
+            "pulls_per_step": 2,
+            # what the loader resolved, and whether its producers did lower their priority
+            "producer_nice": pp.producer_nice,
+            "niced_epochs": pp.stats["niced_epochs"], "epochs": pp.stats["epochs"]}))
     td.leave_process_group(tr.rank)
 
 
@@ -415,6 +426,21 @@ def cpu_floor_s(row: dict[str, Any], cores: int) -> float | None:
 def judged_point(summary: list[dict[str, Any]]) -> dict[str, Any]:
     """The delay whose load/compute ratio is closest to 1 (where the speedup is judged)."""
     return min(summary, key=lambda r: abs(r["load_over_compute"] - 1.0))
+
+
+def producer_priority_text(settings: dict[str, Any]) -> str:
+    """The report's words for pingpong's producer priority, from what rank 0's loader
+    resolved and applied (reports from before that was recorded: what was asked)."""
+    asked = settings.get("producer_nice_used")
+    applied, epochs = settings.get("producer_niced_epochs"), settings.get("pingpong_epochs")
+    if not asked:
+        return "; pingpong's producer thread at the trainer's priority" if asked == 0 else ""
+    if applied is None:
+        return f"; pingpong's producer thread at nice +{asked}"
+    if applied == epochs:
+        return f"; pingpong's producer thread at nice +{asked} (every epoch)"
+    return (f"; pingpong's producer asked for nice +{asked}, applied in {applied} of "
+            f"{epochs} epochs (the OS refused, or not Linux)")
 
 
 def render(report: dict[str, Any]) -> str:
@@ -525,10 +551,9 @@ def render(report: dict[str, Any]) -> str:
               "range" if s.get("no_id_range") else ""))
         + (f"; {s['num_buffers']} slots (the producer up to {s['num_buffers'] - 1} batches "
            "ahead)" if s.get("num_buffers", 2) != 2 else "")
-        + (f"; the data side at nice {s['nice_data']} (producer thread, sampler processes, "
-           "servers)" if s.get("nice_data") is not None else "")
-        + (f"; pingpong's producer thread at nice +{s['producer_nice_used']}"
-           if s.get("producer_nice_used") else "")
+        + (f"; DGL's sampler processes and servers at nice {s['nice_data']}"
+           if s.get("nice_data") is not None else "")
+        + producer_priority_text(s)
         + ("; the producer samples batch k+1 after handing batch k over (no sample-ahead)"
            if s.get("no_sample_ahead") else "")
         + (f"; GIL switch interval {s['switch_interval'] * 1e3:g} ms in the trainers "
@@ -651,7 +676,9 @@ def launcher(args: argparse.Namespace, argv: list[str]) -> int:
                               "by_value", "num_buffers", "nice_data", "producer_nice",
                               "no_local_rows", "no_id_range", "switch_interval",
                               "no_sample_ahead", "pin_training_core", "net_type")}
-        | {"producer_nice_used": producer_nice(args)},
+        | {"producer_nice_used": result.get("producer_nice"),
+           "producer_niced_epochs": result.get("niced_epochs"),
+           "pingpong_epochs": result.get("epochs")},
         "steps_per_epoch": result["steps_per_epoch"],
         "train_nodes_per_trainer": result["train_nodes_per_trainer"],
         "summary": summary, "judged": judged,

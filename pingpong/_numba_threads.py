@@ -11,7 +11,8 @@ are then safe against each other, but not against the user's parallel Numba
 code running in another thread at the same moment.
 
 Nothing here runs at import time; :func:`parallel_launch_lock` is called by
-the CPU kernel on first use.
+the CPU kernel on first use, :func:`start_threading_layer` by a loader whose
+producer lowers its priority.
 """
 
 from __future__ import annotations
@@ -38,24 +39,17 @@ def _layer_initialised() -> bool:
     return bool(getattr(parallel, "_is_initialized", False))
 
 
-@numba.njit(parallel=True, cache=False)
-def _probe(n: int) -> int:  # pragma: no cover - compiled
-    acc = 0
-    for i in numba.prange(n):
-        acc += i
-    return acc
-
-
 def _choose_layer() -> bool:
     """Make sure a layer is running; return True if launches must be serialised."""
+    # numba.get_num_threads() starts the layer (milliseconds; no compilation).
     if not _layer_initialised() and numba.config.THREADING_LAYER == "default":
         numba.config.THREADING_LAYER = "threadsafe"
         try:
-            _probe(4)
+            numba.get_num_threads()
         except ValueError:
             # Neither omp nor tbb could be loaded: fall back to workqueue.
             numba.config.THREADING_LAYER = "workqueue"
-    _probe(4)
+    numba.get_num_threads()
     layer = numba.threading_layer()
     if layer in _SAFE_LAYERS:
         logger.debug("numba threading layer %s is thread-safe", layer)
@@ -79,6 +73,39 @@ def must_serialise() -> bool:
             if _serialise is None:
                 _serialise = _choose_layer()
     return _serialise
+
+
+def start_threading_layer() -> None:
+    """Start Numba's threading layer (the choice above), if no thread has, from a
+    short-lived thread that the calling thread starts and joins.
+
+    The loader calls it at construction when its producers will lower their
+    priority (:mod:`pingpong._producer_nice`): a layer's worker threads are
+    created by the thread that starts it and inherit its nice value, and the
+    ``workqueue`` and TBB layers keep one pool for the whole process -- started
+    by a niced producer, the training thread's own parallel Numba code would run
+    on low-priority workers.  The helper thread has the calling thread's nice
+    value; it is not the calling thread itself because the ``omp`` layer sets
+    its starter's OpenMP count to ``NUMBA_NUM_THREADS``, which on the training
+    thread would override ``torch.set_num_threads``.  Raises what Numba raises
+    for a layer it cannot load (``NUMBA_THREADING_LAYER`` naming one that is
+    not installed).
+    """
+    if _serialise is not None:  # chosen, so started
+        return
+    failed: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            must_serialise()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            failed.append(exc)
+
+    starter = threading.Thread(target=start, name="pingpong-numba-layer", daemon=True)
+    starter.start()
+    starter.join()
+    if failed:
+        raise failed[0]
 
 
 @contextlib.contextmanager

@@ -200,7 +200,8 @@ def produce(
             try:
                 if cpus is not None:  # first, so that threads it starts inherit it
                     _run_on(cpus)
-                lower_this_thread_priority(producer_nice)
+                if lower_this_thread_priority(producer_nice) is not None:
+                    stats.add(niced_epochs=1)
                 started_with = None if sampler_threads is not None else dgl_threads_of_this_thread()
                 with write_lock:  # like a fill: a closing loader waits for it
                     if stop.is_set():

@@ -14,7 +14,8 @@ epochs became level with or shorter than the plain loop's (numbers in the
 README).  Where the data side is the longer one, the training loop waits for
 batches and its threads sleep, so the producer gets the cores anyway: a
 features-only model (``--mlp --feat-dim 512``) took as long either way.  Not
-on a DistDGL job whose servers share the cores (mixed: docs/distributed.rst).
+on a DistDGL job whose servers share the cores (mixed: docs/distributed.rst),
+so a loader in a DistDGL client process defaults to 0.
 
 Linux keeps a nice value per thread (``setpriority(PRIO_PROCESS, tid)``) and a
 thread inherits its creator's at creation, so raising it on the producer
@@ -38,14 +39,17 @@ logger = logging.getLogger(__name__)
 #: The highest nice value (the lowest priority) Linux gives a thread.
 MAX_NICE = 19
 
+_refusal_logged = False  # the OS refused once: later refusals are logged at debug
+
 
 def lower_this_thread_priority(increment: int) -> int | None:
     """Raise the calling thread's nice value by ``increment`` (0-19), at most to 19.
 
     Returns the thread's nice value afterwards, or None where nothing was done:
     ``increment`` is 0, the platform has no per-thread nice (not Linux), or the
-    OS refused (logged as a warning; the caller goes on at the old priority --
-    raising a nice value needs no privilege, so only a sandbox refuses).
+    OS refused (logged as a warning the first time in a process, at debug level
+    after; the caller goes on at the old priority -- raising a nice value needs
+    no privilege, so only a sandbox refuses).
     """
     if increment == 0 or not sys.platform.startswith("linux"):
         return None
@@ -54,8 +58,12 @@ def lower_this_thread_priority(increment: int) -> int | None:
         target = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, thread) + increment)
         os.setpriority(os.PRIO_PROCESS, thread, target)
     except OSError as exc:
-        logger.warning("pingpong: could not lower the producer thread's priority "
-                       "(producer_nice=%d): %s; it runs at the process's priority",
-                       increment, exc)
+        global _refusal_logged
+        # A warning once per process (each epoch has a new producer), then debug.
+        level = logging.DEBUG if _refusal_logged else logging.WARNING
+        _refusal_logged = True
+        logger.log(level, "pingpong: could not lower the producer thread's priority "
+                   "(producer_nice=%d): %s; it runs at its creator's priority",
+                   increment, exc)
         return None
     return target

@@ -16,7 +16,6 @@ is still inside a DGL call and the next loader's, or two loaders in one
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 from collections.abc import Iterator
 
@@ -134,13 +133,9 @@ def acquire(lock: threading.Lock, stop: threading.Event, poll_s: float) -> bool:
 def lock_for_process() -> threading.Lock | None:
     """:data:`RPC_LOCK` if this process has a DGL RPC client, else None (also when
     :data:`RPC_LOCK` was set to None). A client that cannot be read counts as one."""
-    if RPC_LOCK is None or "dgl.distributed" not in sys.modules:  # `import dgl` imports it
+    if RPC_LOCK is None:
         return None
-    from .serverwatch import dgl_servers
+    from .serverwatch import has_dgl_client
 
-    try:
-        has_client = dgl_servers() is not None
-    except Exception:  # noqa: BLE001 - cannot tell: take turns, which is always safe
-        has_client = True
-    return RPC_LOCK if has_client else None
+    return RPC_LOCK if has_dgl_client() else None
 

@@ -17,6 +17,7 @@ from ._dgl_seeds import check_dgl_loader_seeds, dgl_loader_seeds
 from ._epoch import Epoch, EpochIterator
 from ._integers import Count, integer
 from ._lifecycle import LoaderCore
+from ._numba_threads import start_threading_layer
 from ._producer_nice import MAX_NICE
 from ._table_types import check_tables_against_graph, edge_label_keys
 from .cache import make_feature_cache
@@ -25,7 +26,7 @@ from .errors import ConfigError
 from .forms import FormCallable, ItemReader
 from .forms._dgl_dist import restartable_dgl_loader
 from .rowsource import RemoteTable, RowSource
-from .serverwatch import ServerWatch, dgl_server_watch
+from .serverwatch import ServerWatch, dgl_server_watch, has_dgl_client
 from .slots import Slot, make_slots
 from .stats import LoaderStats
 from .store import FeatureStore, make_feature_store
@@ -174,9 +175,13 @@ class PingPongLoader(Iterable[Any]):
             Default (``None``): on the CPU 10, where the training step's torch
             threads use every core (a 2-core VM: ``train_sage.py``'s epochs
             went from slower than the plain loop to faster; the guide); on
-            CUDA 0 (not measured there).  ``loader.producer_nice`` says which.
-            Only ever raised: an unprivileged process cannot lower a nice
-            value back.
+            CUDA 0 (not measured there); in a DistDGL client process 0
+            (measured mixed).  ``loader.producer_nice`` says which,
+            ``stats["niced_epochs"]`` how many epochs applied it.  Only ever
+            raised: an unprivileged process cannot lower a nice value back.
+            With a value above 0 the constructor starts Numba's threading
+            layer (from a helper thread at the calling thread's priority), so
+            that its process-wide pools do not inherit a producer's.
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
@@ -273,7 +278,15 @@ class PingPongLoader(Iterable[Any]):
         self._device: Device = make_device(
             device, gather, gather_threads, sort_ids, table_bytes
         )
+        # In a DistDGL client the default is 0: the servers share the cores, and
+        # +10 there was measured mixed (docs/distributed.rst).
+        self._producer_nice = (
+            int(producer_nice) if producer_nice is not None
+            else 0 if has_dgl_client() else self._device.default_producer_nice
+        )
         try:
+            if self._producer_nice:  # its process-wide pools at this thread's priority
+                start_threading_layer()
             self._cache = make_feature_cache(self._store, self._device, cache_bytes, hot_ids)
             self._device.attach(self._store)
             self._slots: list[Slot] = make_slots(
@@ -286,8 +299,6 @@ class PingPongLoader(Iterable[Any]):
             raise
         self._sampler_threads = (self._device.default_sampler_threads
                                  if sampler_threads is None else int(sampler_threads))
-        self._producer_nice = (self._device.default_producer_nice
-                               if producer_nice is None else int(producer_nice))
         self._server_watch = dgl_server_watch()  # None unless this is a DistDGL client
         health = _combine_checks(self._server_watch, health_check)
         self._stats = LoaderStats()

@@ -219,6 +219,17 @@ def dgl_servers() -> list[Server] | None:
     return servers
 
 
+def has_dgl_client() -> bool:
+    """True in a DistDGL client process (after ``dgl.distributed.initialize``, not
+    standalone); a client that cannot be read counts as one."""
+    if "dgl.distributed" not in sys.modules:  # `import dgl` imports it
+        return False
+    try:
+        return dgl_servers() is not None
+    except Exception:  # noqa: BLE001 - a DGL version laid out differently: assume one
+        return True
+
+
 def dgl_server_watch() -> ServerWatch | None:
     """A watch over this process's connections to its DGL servers, or ``None``.
 

@@ -7,6 +7,9 @@ The producer and the consumer each add to their own counters under one lock;
 key                       meaning
 ========================  ==========================================================
 ``epochs``                epochs started
+``niced_epochs``          epochs whose producer lowered its priority as asked
+                          (``producer_nice``; 0 where it was 0, off Linux, or
+                          the OS refused: :mod:`pingpong._producer_nice`)
 ``batches``               batches delivered to the training loop
 ``rows_gathered``         feature rows gathered (all tables count once per node)
 ``bytes_gathered``        feature + label bytes written into slots
@@ -61,6 +64,7 @@ class LoaderStats:
 
     _COUNTERS = (
         "epochs",
+        "niced_epochs",
         "batches",
         "rows_gathered",
         "bytes_gathered",
@@ -107,8 +111,9 @@ class LoaderStats:
             values: dict[str, Any] = dict(self._values)
             wall = time.perf_counter() - self._t0
             cpu = self._cpu_seconds() - self._cpu0
-        for key in ("epochs", "batches", "rows_gathered", "bytes_gathered", "rows_fetched",
-                    "rows_read_in_place", "cache_lookups", "cache_hits", "cache_bytes_saved"):
+        for key in ("epochs", "niced_epochs", "batches", "rows_gathered", "bytes_gathered",
+                    "rows_fetched", "rows_read_in_place", "cache_lookups", "cache_hits",
+                    "cache_bytes_saved"):
             values[key] = int(values[key])
         values["cache_rows"] = int(cache_rows)
         lookups = values["cache_lookups"]

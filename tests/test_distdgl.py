@@ -201,6 +201,10 @@ def test_pingpong_over_distnodedataloader_equals_synchronous_pulls(
         assert_two_equal_epochs(epochs)
         assert report["stats"]["batches"] == sum(e["batches"] for e in epochs)
         assert report["stats"]["fetch_s"] > 0  # the rows came through the row sources
+        # A DistDGL client's producers keep their priority by default (measured mixed).
+        assert report["producer_nice"] == 0
+        assert report["stats"]["niced_epochs"] == 0
+        assert report["stats"]["epochs"] == 2
         # ... those of this machine's partition straight from its shared memory (no pull),
         # the others through DGL's pull.
         # Found without a call into DGL per batch: the partition is one id range

@@ -13,21 +13,26 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from conftest import same_bits, same_bits_on_the_consumer_stream, wait_for_no_pingpong_threads
 from test_reliability import make_table, seq_triples
 
+import pingpong._producer_nice
 from pingpong import ConfigError, PingPongLoader
-from pingpong._producer_nice import MAX_NICE
+from pingpong._producer_nice import MAX_NICE, lower_this_thread_priority
+from pingpong.devices.cpu import CPUDevice
 from pingpong.devices.fake import FakeAsyncDevice
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="nice is per thread on Linux only")
 
 N = 300
@@ -79,6 +84,7 @@ def check_batches(loader: Any, features: torch.Tensor, labels: torch.Tensor) -> 
     return count
 
 
+@linux_only
 @pytest.mark.parametrize(("asked", "raised_by"), [(None, 10), (3, 3), (0, 0)])
 def test_each_epochs_producer_lowers_its_own_priority_only(asked, raised_by):
     source = NiceLoggingSource()
@@ -90,6 +96,7 @@ def test_each_epochs_producer_lowers_its_own_priority_only(asked, raised_by):
         for _epoch in range(2):
             assert check_batches(loader, features, labels) == len(source)
             assert nice_of_this_thread() == mine  # the training thread's: untouched
+        assert loader.stats["niced_epochs"] == (2 if raised_by else 0)
     assert source.seen == [{want}, {want}]  # from iter() on, every epoch's new thread
     assert source.child == [want, want]  # threads the producer starts inherit it
     assert nice_of_this_thread() == mine
@@ -97,6 +104,7 @@ def test_each_epochs_producer_lowers_its_own_priority_only(asked, raised_by):
     assert not wait_for_no_pingpong_threads()
 
 
+@linux_only
 def test_on_a_device_standing_in_for_cuda_the_default_leaves_the_priority_alone():
     """The default on CUDA is 0 (not measured there); the fake device stands in for
     it.  An explicit value still applies."""
@@ -115,6 +123,7 @@ def test_on_a_device_standing_in_for_cuda_the_default_leaves_the_priority_alone(
     assert source.seen == [{mine}, {min(MAX_NICE, mine + 2)}]
 
 
+@linux_only
 def test_the_nice_value_is_capped_at_19():
     """Started from a thread already at nice 15, a producer asked for +10 ends at 19
     (the loader is made and iterated on that thread, whose nice its producer
@@ -141,20 +150,27 @@ def test_the_nice_value_is_capped_at_19():
     assert source.seen == [{MAX_NICE}]
 
 
+@linux_only
 def test_an_os_that_refuses_is_a_warning_and_the_epoch_goes_on(monkeypatch, caplog):
     def refuse(*args: Any) -> None:
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "setpriority", refuse)
+    monkeypatch.setattr(pingpong._producer_nice, "_refusal_logged", False)
     source = NiceLoggingSource()
     features, labels = make_table(N, (4,)), make_table(N, (), torch.int64)
     mine = nice_of_this_thread()
-    with caplog.at_level(logging.WARNING, logger="pingpong._producer_nice"):
+    with caplog.at_level(logging.DEBUG, logger="pingpong._producer_nice"):
         with PingPongLoader(source, features, labels, producer_nice=5) as loader:
-            assert check_batches(loader, features, labels) == len(source)
-    assert source.seen == [{mine}]
-    assert any("producer_nice=5" in r.getMessage() and "Operation not permitted"
-               in r.getMessage() for r in caplog.records), caplog.text
+            for _epoch in range(3):
+                assert check_batches(loader, features, labels) == len(source)
+            assert loader.stats["niced_epochs"] == 0  # asked, not applied
+            assert loader.producer_nice == 5
+    assert source.seen == [{mine}] * 3
+    refusals = [r for r in caplog.records if "producer_nice=5" in r.getMessage()
+                and "Operation not permitted" in r.getMessage()]
+    # One warning per process, not per epoch; the later ones at debug level.
+    assert [r.levelno for r in refusals] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
 
 
 @pytest.mark.parametrize("bad", [-1, 20, 1.5, True, "2"])
@@ -162,3 +178,103 @@ def test_bad_values_are_refused_at_construction(bad):
     with pytest.raises(ConfigError, match="producer_nice"):
         PingPongLoader(seq_triples(N, 1), make_table(N, (4,)), producer_nice=bad)
     assert not wait_for_no_pingpong_threads()
+
+
+@pytest.mark.parametrize("value", [np.int64(3), np.int32(0), 19])
+def test_numpy_and_boundary_ints_are_accepted(value):
+    with PingPongLoader(seq_triples(N, 1), make_table(N, (4,)), producer_nice=value) as loader:
+        assert loader.producer_nice == int(value)
+        assert type(loader.producer_nice) is int
+
+
+@linux_only
+def test_the_priority_is_lowered_before_producer_started_and_iter():
+    """``producer_started`` may start pools of threads (Numba's layer): they must
+    start at the producer's new priority, as must whatever ``iter(source)`` starts."""
+    mine = nice_of_this_thread()
+
+    class Recording(CPUDevice):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[int] = []
+
+        def producer_started(self) -> None:
+            self.seen.append(nice_of_this_thread())
+            super().producer_started()
+
+    source = NiceLoggingSource(2)
+    device = Recording()
+    with PingPongLoader(source, make_table(N, (4,)), device=device, producer_nice=4) as loader:
+        assert sum(1 for _ in loader) == 2
+    assert device.seen == [min(MAX_NICE, mine + 4)]
+    assert source.seen == [{min(MAX_NICE, mine + 4)}]
+
+
+def test_off_linux_nothing_is_done(monkeypatch):
+    """Nice is per process elsewhere: raising it would slow the training thread too."""
+    calls: list[Any] = []
+    monkeypatch.setattr(pingpong._producer_nice.sys, "platform", "darwin")
+    monkeypatch.setattr(os, "setpriority", lambda *args: calls.append(args))
+    assert lower_this_thread_priority(5) is None
+    assert calls == []
+
+
+def test_the_cuda_devices_default_is_zero():
+    cuda = pytest.importorskip("pingpong.devices.cuda")
+    assert "default_producer_nice" not in vars(cuda.CUDADevice)  # the base's:
+    # The property on an instance that was never initialised (no GPU needed).
+    assert object.__new__(cuda.CUDADevice).default_producer_nice == 0
+    assert CPUDevice().default_producer_nice == 10
+
+
+LAYER_STARTED_AT_CONSTRUCTION = """
+import os, sys, threading
+import numba, torch
+sys.path.insert(0, sys.argv[1])
+from test_reliability import make_table, seq_triples
+from pingpong import PingPongLoader
+
+torch.set_num_threads(1)
+features = make_table(300, (8,))
+loader = PingPongLoader(seq_triples(300, 4), features, producer_nice=10)
+# The training thread's OpenMP count is its own (not NUMBA_NUM_THREADS=2).
+assert torch.get_num_threads() == 1, torch.get_num_threads()
+for _epoch in range(2):
+    for batch in loader:
+        assert torch.equal(batch.x, features[batch.input_nodes])
+assert loader.stats["niced_epochs"] == 2
+
+@numba.njit(parallel=True, cache=False)
+def total(n):
+    acc = 0
+    for i in numba.prange(n):
+        acc += i
+    return acc
+
+assert total(100_000) == sum(range(100_000))  # the user's own parallel code
+assert torch.get_num_threads() == 1
+loader.close()
+nices = {}
+for task in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{task}/stat") as fh:
+        nices[int(task)] = int(fh.read().rsplit(")", 1)[1].split()[16])
+print(numba.threading_layer(), sorted(set(nices.values())))
+"""
+
+
+@linux_only
+@pytest.mark.parametrize("layer", ["workqueue", "omp"])
+def test_numbas_pools_are_started_at_the_constructing_threads_priority(layer):
+    """The ``workqueue`` layer keeps one pool of workers for the process: started by
+    a niced producer, the training thread's own parallel Numba code ran at nice +10.
+    The loader starts the layer at construction instead -- from a helper thread, so
+    the training thread's OpenMP count (``torch.set_num_threads(1)``) stays.  After
+    two epochs and the user's own parallel kernel, every thread left in the process
+    is at the process's nice value (the producers, gone, were the only niced ones)."""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": layer, "NUMBA_NUM_THREADS": "2",
+           "DGLBACKEND": "pytorch"}
+    done = subprocess.run([sys.executable, "-c", LAYER_STARTED_AT_CONSTRUCTION,
+                           str(Path(__file__).parent)], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [layer, f"[{os.getpriority(os.PRIO_PROCESS, 0)}]"]

@@ -173,9 +173,11 @@ from pingpong import PingPongLoader
 from pingpong.devices.cpu import CPUDevice
 
 class NoDefault(CPUDevice):
-    # CUDA's default (no count) and no warm-up thread, so that Numba's
-    # OpenMP layer starts in the producer's producer_started.
+    # CUDA's defaults (no count, the priority left alone: no layer started at
+    # construction) and no warm-up thread, so that Numba's OpenMP layer starts
+    # in the producer's producer_started.
     default_sampler_threads = None
+    default_producer_nice = 0
     def attach(self, store):
         pass
 

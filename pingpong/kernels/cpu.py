@@ -246,15 +246,15 @@ def warm_up_cpu(
         id_dtypes: the id dtypes batches will carry (int64 and/or int32), in
             the order to warm them up.
         threading_layer: also start Numba's threading layer (pingpong's
-            thread-safe choice, :mod:`pingpong._numba_threads`) and compile its probe.
+            thread-safe choice, :mod:`pingpong._numba_threads`).
         should_stop: checked between steps; return True to end early.
 
     Per id dtype, in order: its id-bounds check, (before the first gather)
     the threading layer, then the gather for every word width the tables
     need -- the specialisations the loader's ``gather="cpu"`` (and
     ``"staged"``) calls hit. Each step is one compilation or cache load
-    under Numba's compiler lock; nothing is launched except the threading
-    layer's probe. Safe from any thread. Each gather made ready is recorded
+    under Numba's compiler lock (the layer's start, milliseconds, is none);
+    no kernel is launched. Safe from any thread. Each gather made ready is recorded
     (:func:`gather_is_ready`) as soon as it is, so a caller can use it
     before the rest are done.
 

@@ -287,6 +287,7 @@ def trainer_equal(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
     local_ids = torch.nonzero(policy.to_partid(torch.arange(tr.g.num_nodes()))
                               == policy.part_id).reshape(-1)
     return {"epochs": epochs, "loader": type(loader).__name__, "stats": stats,
+            "producer_nice": loader.producer_nice,
             "watched": watched, "sampler_processes": sampler_processes,
             "by_value_told": told, "shared_batches": shared_batches,
             "local_id_ranges": id_ranges,
