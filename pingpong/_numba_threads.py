@@ -12,13 +12,14 @@ code running in another thread at the same moment.
 
 Nothing here runs at import time; :func:`parallel_launch_lock` is called by
 the CPU kernel on first use, :func:`start_threading_layer` by a loader whose
-producer lowers its priority.
+producer lowers its priority or runs on CPUs of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import warnings
 from collections.abc import Iterator
@@ -75,27 +76,34 @@ def must_serialise() -> bool:
     return _serialise
 
 
-def start_threading_layer() -> None:
+def start_threading_layer(cpus: frozenset[int] | None = None) -> None:
     """Start Numba's threading layer (the choice above), if no thread has, from a
-    short-lived thread that the calling thread starts and joins.
+    short-lived thread that the calling thread starts and joins -- on ``cpus``
+    (``os.sched_setaffinity``; the OS refusing them is ignored here) if given.
 
     The loader calls it at construction when its producers will lower their
-    priority (:mod:`pingpong._producer_nice`): a layer's worker threads are
-    created by the thread that starts it and inherit its nice value, and the
-    ``workqueue`` and TBB layers keep one pool for the whole process -- started
-    by a niced producer, the training thread's own parallel Numba code would run
-    on low-priority workers.  The helper thread has the calling thread's nice
-    value; it is not the calling thread itself because the ``omp`` layer sets
-    its starter's OpenMP count to ``NUMBA_NUM_THREADS``, which on the training
-    thread would override ``torch.set_num_threads``.  Raises what Numba raises
-    for a layer it cannot load (``NUMBA_THREADING_LAYER`` naming one that is
-    not installed).
+    priority or run on ``producer_cpus`` (:mod:`pingpong._producer_nice`): a
+    layer's worker threads are created by the thread that starts it and inherit
+    its nice value and CPUs.  The ``workqueue`` and TBB layers keep one pool for
+    the whole process, which runs both pingpong's gathers and the training
+    thread's own parallel Numba code: started by a niced producer, the latter ran
+    at nice +10; so the pool gets the constructing thread's priority (pingpong's
+    gathers then run at it too, only the producer's sampling at the lower one)
+    and the producer's CPUs.  OpenMP gives each thread that starts a parallel
+    region a team of its own, which inherits that thread's.  The helper is not
+    the calling thread itself because the ``omp`` layer sets its starter's
+    OpenMP count to ``NUMBA_NUM_THREADS``, which on the training thread would
+    override ``torch.set_num_threads``.  Raises what Numba raises for a layer it
+    cannot load (``NUMBA_THREADING_LAYER`` naming one that is not installed).
     """
     if _serialise is not None:  # chosen, so started
         return
     failed: list[BaseException] = []
 
     def start() -> None:
+        if cpus is not None:
+            with contextlib.suppress(OSError):  # the producer then fails its epoch
+                os.sched_setaffinity(0, cpus)
         try:
             must_serialise()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
@@ -105,7 +113,7 @@ def start_threading_layer() -> None:
     starter.start()
     starter.join()
     if failed:
-        raise failed[0]
+        raise failed.pop()  # popped: no cycle through this frame
 
 
 @contextlib.contextmanager

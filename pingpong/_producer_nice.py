@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 #: The highest nice value (the lowest priority) Linux gives a thread.
 MAX_NICE = 19
 
+#: Whether this platform keeps a nice value per thread (Linux); elsewhere nothing is done.
+PER_THREAD_NICE = sys.platform.startswith("linux")
+
 _refusal_logged = False  # the OS refused once: later refusals are logged at debug
 
 
@@ -51,7 +54,7 @@ def lower_this_thread_priority(increment: int) -> int | None:
     after; the caller goes on at the old priority -- raising a nice value needs
     no privilege, so only a sandbox refuses).
     """
-    if increment == 0 or not sys.platform.startswith("linux"):
+    if increment == 0 or not PER_THREAD_NICE:
         return None
     thread = threading.get_native_id()
     try:

@@ -179,16 +179,24 @@ class PingPongLoader(Iterable[Any]):
             (measured mixed).  ``loader.producer_nice`` says which,
             ``stats["niced_epochs"]`` how many epochs applied it.  Only ever
             raised: an unprivileged process cannot lower a nice value back.
-            With a value above 0 the constructor starts Numba's threading
-            layer (from a helper thread at the calling thread's priority), so
-            that its process-wide pools do not inherit a producer's.
+            With a value above 0 (or ``producer_cpus``) the constructor starts
+            Numba's threading layer, from a helper thread at the calling
+            thread's priority (on ``producer_cpus`` if given), so that the
+            process-wide pools of its ``workqueue`` and ``tbb`` layers do not
+            inherit a producer's priority; under those layers pingpong's CPU
+            gathers run on that pool, at the calling thread's priority (under
+            ``omp``, Numba's choice where ``tbb`` is not installed, at the
+            producer's).
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
     the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
 
     Raises (at construction): ``TableError`` for unusable tables,
     ``ConfigError``/``GatherModeUnavailable`` for bad arguments, ``ConfigError``
-    (also a ``TypeError``) for a source that is not a re-iterable.
+    (also a ``TypeError``) for a source that is not a re-iterable; Numba's
+    ``ValueError`` for a threading layer it cannot load
+    (``NUMBA_THREADING_LAYER=tbb`` without tbb) where ``producer_nice`` or
+    ``producer_cpus`` starts the layer (otherwise the first epoch raises it).
     """
 
     def __init__(
@@ -285,8 +293,9 @@ class PingPongLoader(Iterable[Any]):
             else 0 if has_dgl_client() else self._device.default_producer_nice
         )
         try:
-            if self._producer_nice:  # its process-wide pools at this thread's priority
-                start_threading_layer()
+            if self._producer_nice or cpus is not None:
+                # Numba's process-wide pools at this thread's priority, the producer's CPUs
+                start_threading_layer(cpus)
             self._cache = make_feature_cache(self._store, self._device, cache_bytes, hot_ids)
             self._device.attach(self._store)
             self._slots: list[Slot] = make_slots(

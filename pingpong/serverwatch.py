@@ -226,7 +226,8 @@ def has_dgl_client() -> bool:
         return False
     try:
         return dgl_servers() is not None
-    except Exception:  # noqa: BLE001 - a DGL version laid out differently: assume one
+    except Exception as exc:  # noqa: BLE001 - a DGL version laid out differently
+        logger.info("could not read DGL's RPC client (%s): taken for a DistDGL client", exc)
         return True
 
 

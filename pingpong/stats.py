@@ -7,9 +7,10 @@ The producer and the consumer each add to their own counters under one lock;
 key                       meaning
 ========================  ==========================================================
 ``epochs``                epochs started
-``niced_epochs``          epochs whose producer lowered its priority as asked
-                          (``producer_nice``; 0 where it was 0, off Linux, or
-                          the OS refused: :mod:`pingpong._producer_nice`)
+``niced_epochs``          epochs whose producer applied ``producer_nice`` (the OS
+                          accepted it; capped at nice 19, so a thread already
+                          there counts; 0 where it was 0, off Linux, or the OS
+                          refused: :mod:`pingpong._producer_nice`)
 ``batches``               batches delivered to the training loop
 ``rows_gathered``         feature rows gathered (all tables count once per node)
 ``bytes_gathered``        feature + label bytes written into slots

@@ -213,7 +213,7 @@ def test_the_priority_is_lowered_before_producer_started_and_iter():
 def test_off_linux_nothing_is_done(monkeypatch):
     """Nice is per process elsewhere: raising it would slow the training thread too."""
     calls: list[Any] = []
-    monkeypatch.setattr(pingpong._producer_nice.sys, "platform", "darwin")
+    monkeypatch.setattr(pingpong._producer_nice, "PER_THREAD_NICE", False)
     monkeypatch.setattr(os, "setpriority", lambda *args: calls.append(args))
     assert lower_this_thread_priority(5) is None
     assert calls == []
@@ -256,8 +256,11 @@ assert torch.get_num_threads() == 1
 loader.close()
 nices = {}
 for task in os.listdir("/proc/self/task"):
-    with open(f"/proc/self/task/{task}/stat") as fh:
-        nices[int(task)] = int(fh.read().rsplit(")", 1)[1].split()[16])
+    try:
+        with open(f"/proc/self/task/{task}/stat") as fh:
+            nices[int(task)] = int(fh.read().rsplit(")", 1)[1].split()[16])
+    except (FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
+        continue
 print(numba.threading_layer(), sorted(set(nices.values())))
 """
 
@@ -270,7 +273,10 @@ def test_numbas_pools_are_started_at_the_constructing_threads_priority(layer):
     The loader starts the layer at construction instead -- from a helper thread, so
     the training thread's OpenMP count (``torch.set_num_threads(1)``) stays.  After
     two epochs and the user's own parallel kernel, every thread left in the process
-    is at the process's nice value (the producers, gone, were the only niced ones)."""
+    is at the process's nice value (the producers, gone, were the only niced ones).
+    ``workqueue`` catches the niced pool; ``omp`` (per-thread teams, never niced)
+    catches a layer started on the training thread itself, which set its OpenMP
+    count to NUMBA_NUM_THREADS over ``torch.set_num_threads(1)``."""
     env = {**os.environ, "NUMBA_THREADING_LAYER": layer, "NUMBA_NUM_THREADS": "2",
            "DGLBACKEND": "pytorch"}
     done = subprocess.run([sys.executable, "-c", LAYER_STARTED_AT_CONSTRUCTION,
@@ -278,3 +284,41 @@ def test_numbas_pools_are_started_at_the_constructing_threads_priority(layer):
                           text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [layer, f"[{os.getpriority(os.PRIO_PROCESS, 0)}]"]
+
+
+POOL_ON_THE_PRODUCERS_CPUS = """
+import os, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from test_reliability import make_table, seq_triples
+from pingpong import PingPongLoader
+
+os.sched_setaffinity(0, {0})  # the training thread keeps core 0
+features = make_table(300, (8,))
+with PingPongLoader(seq_triples(300, 4), features, producer_cpus=[1]) as loader:
+    for batch in loader:
+        assert torch.equal(batch.x, features[batch.input_nodes])
+cpus = []
+for task in os.listdir("/proc/self/task"):
+    try:
+        cpus.append(sorted(os.sched_getaffinity(int(task))))
+    except (ProcessLookupError, FileNotFoundError):
+        continue
+print(sum(c == [1] for c in cpus))
+"""
+
+
+@linux_only
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity")
+                    else True, reason="needs CPUs 0 and 1")
+def test_a_process_wide_pool_runs_on_producer_cpus_not_the_training_core():
+    """``workqueue`` has one pool of workers for the process, which runs pingpong's
+    gathers: started at construction, it must start on ``producer_cpus`` (both its
+    NUMBA_NUM_THREADS=2 workers), not on the constructing thread's one core."""
+    env = {**os.environ, "NUMBA_THREADING_LAYER": "workqueue", "NUMBA_NUM_THREADS": "2",
+           "DGLBACKEND": "pytorch"}
+    done = subprocess.run([sys.executable, "-c", POOL_ON_THE_PRODUCERS_CPUS,
+                           str(Path(__file__).parent)], env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) >= 2
