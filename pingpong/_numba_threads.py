@@ -10,6 +10,17 @@ pingpong serialises its own launches behind a lock and warns once: its kernels
 are then safe against each other, but not against the user's parallel Numba
 code running in another thread at the same moment.
 
+Of the two safe layers pingpong tries ``omp`` first (Numba's own order puts
+``tbb`` first), unless the user gave Numba an order
+(``NUMBA_THREADING_LAYER_PRIORITY``), which it then follows.  A DGL
+``DataLoader`` with ``num_workers > 0`` forks its workers in ``iter()``,
+which pingpong calls on the producer thread; TBB expects forks
+from the thread that started it only, so under ``tbb`` every such fork printed
+Numba's "Attempted to fork from a non-main thread" to stderr (in the
+children TBB "may be in an invalid state", Numba's words).  libgomp's teams belong to the thread that
+starts them, so under ``omp`` the gathers also run at the producer's priority
+(:func:`start_threading_layer`).
+
 Nothing here runs at import time; :func:`parallel_launch_lock` is called by
 the CPU kernel on first use, :func:`start_threading_layer` by a loader whose
 producer lowers its priority or runs on CPUs of its own.
@@ -28,7 +39,8 @@ import numba
 
 logger = logging.getLogger(__name__)
 
-_SAFE_LAYERS = ("omp", "tbb")
+_SAFE_LAYERS = ("omp", "tbb")  # tried in this order
+_NUMBAS_DEFAULT_PRIORITY = ["tbb", "omp", "workqueue"]
 _state_lock = threading.Lock()
 _serialise: bool | None = None
 _launch_lock = threading.Lock()
@@ -40,16 +52,26 @@ def _layer_initialised() -> bool:
     return bool(getattr(parallel, "_is_initialized", False))
 
 
+def _safe_layers_in_order() -> tuple[str, ...]:
+    """The thread-safe layers in the order to try them: the user's, if they set
+    Numba's ``THREADING_LAYER_PRIORITY`` (environment or config), else omp, tbb."""
+    priority = list(numba.config.THREADING_LAYER_PRIORITY)
+    if "NUMBA_THREADING_LAYER_PRIORITY" in os.environ or priority != _NUMBAS_DEFAULT_PRIORITY:
+        return tuple(layer for layer in priority if layer in _SAFE_LAYERS)
+    return _SAFE_LAYERS
+
+
 def _choose_layer() -> bool:
     """Make sure a layer is running; return True if launches must be serialised."""
     # numba.get_num_threads() starts the layer (milliseconds; no compilation).
     if not _layer_initialised() and numba.config.THREADING_LAYER == "default":
-        numba.config.THREADING_LAYER = "threadsafe"
-        try:
-            numba.get_num_threads()
-        except ValueError:
-            # Neither omp nor tbb could be loaded: fall back to workqueue.
-            numba.config.THREADING_LAYER = "workqueue"
+        for candidate in (*_safe_layers_in_order(), "workqueue"):
+            numba.config.THREADING_LAYER = candidate
+            try:
+                numba.get_num_threads()
+                break
+            except ValueError:  # Numba could not load it: try the next
+                logger.debug("numba threading layer %s could not be loaded", candidate)
     numba.get_num_threads()
     layer = numba.threading_layer()
     if layer in _SAFE_LAYERS:
