@@ -14,12 +14,12 @@ Of the two safe layers pingpong tries ``omp`` first (Numba's own order puts
 ``tbb`` first), unless the user gave Numba an order
 (``NUMBA_THREADING_LAYER_PRIORITY``), which it then follows.  A DGL
 ``DataLoader`` with ``num_workers > 0`` forks its workers in ``iter()``,
-which pingpong calls on the producer thread; TBB expects forks
-from the thread that started it only, so under ``tbb`` every such fork printed
-Numba's "Attempted to fork from a non-main thread" to stderr (in the
-children TBB "may be in an invalid state", Numba's words).  libgomp's teams belong to the thread that
-starts them, so under ``omp`` the gathers also run at the producer's priority
-(:func:`start_threading_layer`).
+which pingpong calls on the producer thread; TBB expects forks from the
+thread that started it only, so under ``tbb`` such forks printed Numba's
+"Attempted to fork from a non-main thread" to stderr (in the children TBB "may
+be in an invalid state", Numba's words).  libgomp's teams belong to the thread
+that starts them, so under ``omp`` the gathers also run at the producer's
+priority (:func:`start_threading_layer`).
 
 Nothing here runs at import time; :func:`parallel_launch_lock` is called by
 the CPU kernel on first use, :func:`start_threading_layer` by a loader whose
