@@ -28,8 +28,9 @@ exception                          raised when
                                    lazy conjugate/negative view, keyed by a
                                    node or edge type the source's DGL graph
                                    lacks, fewer rows than that graph's nodes
-                                   or seeds need, given new memory after the
-                                   loader was built, a row source's rows of
+                                   or seeds need, given new memory or a new
+                                   shape, strides or dtype after the loader
+                                   was built, a row source's rows of
                                    the wrong shape or dtype (``ValueError``
                                    and ``TypeError``)
 :class:`ConfigError`               an argument is invalid: the loader's, the built-in

@@ -45,25 +45,35 @@ class HostTable:
         byte_rows: NumPy uint8 view ``(N, row_bytes)`` of the same memory: what
             every gather reads (it keeps that memory alive).
         address: ``tensor.data_ptr()`` when the table was made.
+        layout: the tensor's shape, strides and dtype when the table was made.
     """
 
     name: str
     tensor: torch.Tensor
     byte_rows: np.ndarray = field(repr=False)
     address: int = field(default=0, repr=False)
+    layout: tuple[object, ...] = field(default=(), repr=False)
 
     def check_memory_unchanged(self) -> None:
-        """``TableError`` if the caller's tensor was given other memory since the
-        table was made (``tensor.data = ...``, ``tensor.set_(...)``): gathers
-        would keep reading the old memory, silently stale."""
-        if self.tensor.data_ptr() != self.address or self.tensor.shape[0] != len(self.byte_rows):
-            raise TableError(
-                f"{self.name} was given new memory after the loader was built "
-                "(tensor.data = ... or tensor.set_(...)); pingpong reads the memory a "
-                "table had when the loader was built, so its batches would hold the "
-                f"old values. Write the new values in place ({self.name}.copy_(new)) or "
-                "build a new loader"
-            )
+        """``TableError`` if the caller's tensor was given other memory, or another
+        shape, strides or dtype over its memory, since the table was made
+        (``tensor.data = ...``, ``tensor.set_(...)``, ``resize_``, ``unsqueeze_``):
+        gathers would keep reading the old memory in the old layout, silently
+        stale or of the wrong shape."""
+        if self.tensor.data_ptr() != self.address:
+            change = "new memory"
+        elif _layout_of(self.tensor) != self.layout:
+            change = (f"a new shape, strides or dtype ({_describe(self.layout)} when the "
+                      f"loader was built, {_describe(_layout_of(self.tensor))} now)")
+        else:
+            return
+        raise TableError(
+            f"{self.name} was given {change} after the loader was built "
+            "(tensor.data = ..., tensor.set_(...), an in-place resize_ or view); "
+            "pingpong reads the memory a table had when the loader was built, in "
+            "its layout then, so its batches would not be what the table holds. "
+            f"Write the new values in place ({self.name}.copy_(new)) or build a new loader"
+        )
 
     @property
     def num_rows(self) -> int:
@@ -85,6 +95,15 @@ class HostTable:
     def nbytes_local(self) -> int:
         """Bytes of host memory the table occupies (what ``gather="auto"`` weighs)."""
         return int(self.byte_rows.nbytes)
+
+
+def _layout_of(tensor: torch.Tensor) -> tuple[object, ...]:
+    return tuple(tensor.shape), tensor.stride(), tensor.dtype
+
+
+def _describe(layout: tuple[object, ...]) -> str:
+    shape, strides, dtype = layout
+    return f"shape {shape}, strides {strides}, {dtype}"
 
 
 #: A feature or label table: a host tensor read in place, or a row source
@@ -179,7 +198,8 @@ def make_host_table(value: Any, name: str) -> HostTable:
             "look its rows up in the model (an nn.Embedding indexed with "
             "batch.input_nodes) and give pingpong only the fixed tables"
         )
-    return HostTable(name, tensor, byte_rows(tensor).numpy(), tensor.data_ptr())
+    return HostTable(name, tensor, byte_rows(tensor).numpy(), tensor.data_ptr(),
+                     _layout_of(tensor))
 
 
 #: What a table is keyed by: ``None`` (the one table of its kind), a feature

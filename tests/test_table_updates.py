@@ -87,3 +87,30 @@ def test_a_table_given_new_memory_is_refused_before_any_row_is_read(how):
         with pytest.raises(pingpong.TableError, match=r"features was given new memory.*copy_"):
             next(iter(loader))
         assert device.gathers == gathers
+
+
+@pytest.mark.parametrize("how", ["resize_", "set_ narrower", "unsqueeze_", "data as int32"])
+def test_a_table_given_a_new_layout_over_the_same_memory_is_refused(how):
+    """Same memory, same row count, but another row shape or dtype: the gathers
+    would read the rows in the layout they had when the loader was built."""
+    triples = seq_triples(N, 4)
+    features = torch.randn(N, 4)
+    address = features.data_ptr()
+    device = CountingCPUDevice()
+    with PingPongLoader(triples, features, device=device) as loader:
+        assert len(list(loader)) == 4
+        gathers = device.gathers
+        if how == "resize_":
+            features.resize_(N, 2)
+        elif how == "set_ narrower":
+            features.set_(features.untyped_storage(), 0, (N, 2))  # type: ignore[call-overload]
+        elif how == "unsqueeze_":
+            features.unsqueeze_(1)
+        else:
+            features.data = features.data.view(torch.int32)
+        assert features.data_ptr() == address  # the same memory
+        with pytest.raises(pingpong.TableError,
+                           match=r"features was given a new shape, strides or dtype "
+                                 r"\(shape \(200, 4\), strides \(4, 1\), torch.float32 when"):
+            next(iter(loader))
+        assert device.gathers == gathers
