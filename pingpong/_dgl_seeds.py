@@ -101,17 +101,22 @@ def _dist_seeds(dataloading: Any, source: Any) -> tuple[str, Any, Any] | None:
     return None
 
 
+_ID_DTYPES = (torch.int32, torch.int64)
+
+
 def _as_tensor(ids: Any) -> torch.Tensor | None:
-    """Seeds as DGL takes them -- a tensor, NumPy array or list -- as a tensor, or
-    None for anything else (a ``Dataset``, a dtype torch cannot hold)."""
-    if isinstance(ids, torch.Tensor):
-        return ids
-    if not isinstance(ids, np.ndarray | list | tuple):
-        return None
-    try:
-        return torch.as_tensor(ids)
-    except (TypeError, ValueError, RuntimeError):
-        return None
+    """Seeds as DGL takes them -- a tensor, NumPy array or list of int32 or int64
+    ids -- as a tensor, or None for anything else (a ``Dataset``, a dtype torch
+    cannot hold or DGL refuses when sampling: int16, unsigned, float -- DGL's own
+    error then names it; torch cannot even take the max of uint32 and uint64)."""
+    if not isinstance(ids, torch.Tensor):
+        if not isinstance(ids, np.ndarray | list | tuple):
+            return None
+        try:
+            ids = torch.as_tensor(ids)
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return ids if ids.dtype in _ID_DTYPES else None
 
 
 def _seed_kind(dataloading: Any, sampler: Any) -> str | None:
@@ -128,9 +133,8 @@ def _seed_kind(dataloading: Any, sampler: Any) -> str | None:
 
 
 def _check(graph: Any, kind: str, key: Any, ids: torch.Tensor | None, loader: str) -> None:
-    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64) \
-            or ids.numel() == 0:
-        return  # what is no id tensor is DGL's to refuse
+    if ids is None or ids.numel() == 0:
+        return  # what is no id tensor (of int32 or int64) is DGL's to refuse
     try:
         count = int(graph.num_nodes(key) if kind == "node" else graph.num_edges(key))
     except Exception:  # noqa: BLE001 -- not a type of this graph: DGL's own error says so
