@@ -29,8 +29,9 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
 
     Raises:
         IdTypeError: not a tensor/array, or a dtype other than int32/int64
-            (floats, bools and unsigned types are refused, not cast), or a
-            tensor on the meta device.
+            (floats, bools and unsigned types are refused, not cast), a tensor on
+            the meta device or of a sparse layout, a NumPy masked array.  (A
+            lazily negated view is read as the values it stands for.)
         IdShapeError: not 1-D.
         IdRangeError: a value outside ``[0, num_rows)``; the message names it.
     """
@@ -41,9 +42,17 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
             raise IdTypeError(f"{name} must have dtype int32 or int64, got {ids.dtype}")
         if ids.is_meta:
             raise IdTypeError(f"{name} is on the meta device, which holds no values")
+        if ids.layout != torch.strided:
+            raise IdTypeError(f"{name} is a {ids.layout} tensor; pass dense ids "
+                              f"({name}.to_dense(), or a sparse tensor's indices)")
+        if ids.is_neg():  # its memory holds the negated values
+            ids = ids.resolve_neg()
         # integer tensors never require grad; .numpy() is 2-3x cheaper than .cpu().numpy()
         array = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
     elif isinstance(ids, np.ndarray):
+        if isinstance(ids, np.ma.MaskedArray):
+            raise IdTypeError(f"{name} is a NumPy masked array, whose masked entries are "
+                              f"no ids; pass {name}.compressed() (the unmasked ids)")
         check_id_array(ids, name)
         array = ids
     elif isinstance(ids, Mapping):

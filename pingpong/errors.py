@@ -10,7 +10,8 @@ exception                          raised when
 :class:`IdRangeError`              an id is negative or ``>= N`` (``IndexError``)
 :class:`IdTypeError`               ids are not int32/int64, or not 1-D
                                    (``TypeError``; the shape case is also a
-                                   ``ValueError``); or, for
+                                   ``ValueError``), a sparse tensor or a
+                                   masked array; or, for
                                    ``heterogeneous=True``, not a dict by node
                                    type where the loader has more than one
                                    feature table (a node type that has a
@@ -31,7 +32,8 @@ exception                          raised when
                                    or seeds need, given new memory or a new
                                    shape, strides or dtype after the loader
                                    was built, a row source's rows of
-                                   the wrong shape or dtype (``ValueError``
+                                   the wrong shape, dtype or layout, a row
+                                   source of quantized rows (``ValueError``
                                    and ``TypeError``)
 :class:`ConfigError`               an argument is invalid: the loader's, the built-in
                                    sampler's, a helper's (``ValueError`` and

@@ -148,7 +148,10 @@ class LocalPart:
         """
         if self.id_range is not None:
             return self._locate_in_range(ids)
-        id_tensor = torch.from_numpy(ids)  # a batch's ids: contiguous, writeable (host_ids)
+        # A copy: ``ids`` also back the batch's input_nodes and every other table's
+        # gather, checked already; a policy that changed its argument in place would
+        # move those gathers past the check (as fetch's copy guards __getitem__).
+        id_tensor = torch.tensor(ids)
         is_local = torch.as_tensor(self.policy.to_partid(id_tensor)) == self.part_id
         if is_local.shape != id_tensor.shape:
             raise TableError(
@@ -159,7 +162,8 @@ class LocalPart:
         others = torch.nonzero(~is_local).reshape(-1).numpy()
         if positions.numel() == 0:
             return _NO_ROWS, _NO_ROWS, others
-        local = torch.as_tensor(self.policy.to_local(id_tensor[positions]))
+        # from ``ids``, not ``id_tensor``, which to_partid may have changed
+        local = torch.as_tensor(self.policy.to_local(torch.from_numpy(ids[positions.numpy()])))
         rows: np.ndarray = local.to(torch.int64).reshape(-1).numpy()
         if rows.shape[0] != positions.shape[0]:
             raise TableError(
@@ -248,7 +252,8 @@ class RemoteTable:
         No ids: no call to the source (an empty result of the table's row shape).
 
         Raises what the source raises, and :class:`~pingpong.errors.TableError`
-        for a result of the wrong type, shape or dtype, or one that requires grad.
+        for a result of the wrong type, shape, dtype or layout (sparse), one on the
+        meta device, or one that requires grad.
         """
         if len(ids) == 0:  # a node type absent from a batch: no round trip for nothing
             return torch.empty((0, *self.row_shape), dtype=self.dtype)
@@ -264,6 +269,13 @@ class RemoteTable:
             raise TableError(
                 f"{self.name}[ids] returned shape {tuple(rows.shape)} {rows.dtype} for "
                 f"{len(ids)} ids; expected {want} {self.dtype}"
+            )
+        if rows.layout != torch.strided or rows.is_meta:
+            kind = "on the meta device, which holds no values" if rows.is_meta else \
+                f"of layout {rows.layout}"
+            raise TableError(
+                f"{self.name}[ids] returned rows {kind}; a row source returns dense rows "
+                "(rows.to_dense())"
             )
         if rows.requires_grad:
             raise TableError(
@@ -308,6 +320,9 @@ def _dimension(value: Any) -> int | None:
         return None
 
 
+_QUANTIZED = (torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4)
+
+
 def make_remote_table(value: Any, name: str) -> RemoteTable:
     """Validate a row source (``TableError`` naming what is wrong), with its local part
     (:func:`find_local_part`) if it has a usable one."""
@@ -322,6 +337,13 @@ def make_remote_table(value: Any, name: str) -> RemoteTable:
             f"or zarr array: give a dense tensor or array instead (for example "
             f"torch.from_numpy(x.toarray()) or np.asarray(x)), or wrap it in a row "
             f"source (docs: 'Row sources')"
+        )
+    if dtype in _QUANTIZED:
+        raise TableError(
+            f"{name} is a row source of quantized rows ({dtype}), whose values are their "
+            f"integers with a scale and zero point pingpong would not carry over; give "
+            f"rows of their integer representation (and dequantize in the model) or "
+            f"dequantized rows"
         )
     if len(shape) < 1:
         raise TableError(f"{name} must have at least 1 dimension (rows), got shape {shape}")

@@ -151,6 +151,25 @@ def test_quantized_tables_are_refused_at_construction(dtype):
         PingPongLoader(make_triples(N, 1), torch.randn(N, 2), table[:, 0].contiguous())
 
 
+@pytest.mark.parametrize("dtype", [torch.qint8, torch.quint8, torch.qint32])
+def test_row_sources_of_quantized_rows_are_refused_at_construction(dtype):
+    """As quantized host tables are: the first batch died in torch's internal assert
+    (a quantized slot, Quantizer.cpp) instead."""
+
+    class QuantizedRows:
+        shape = (N, 4)
+
+        def __init__(self) -> None:
+            self.dtype = dtype
+
+        def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+            raise AssertionError("never fetched")
+
+    with pytest.raises(pingpong.TableError,
+                       match=rf"features is a row source of quantized rows \({dtype}\)"):
+        PingPongLoader(make_triples(N, 1), QuantizedRows())
+
+
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
     [
@@ -248,6 +267,28 @@ def test_ids_on_the_meta_device_are_an_id_type_error():
     with PingPongLoader(items, features) as loader:
         with pytest.raises(pingpong.IdTypeError, match="meta device"):
             next(iter(loader))
+
+
+@pytest.mark.parametrize(("ids", "needle"), [
+    (torch.tensor([1, 2]).to_sparse(), r"input_nodes is a torch.sparse_coo tensor"),
+    (np.ma.array([1, 2, 3], mask=[0, 1, 0]), r"input_nodes is a NumPy masked array.*"
+                                              r"compressed\(\)"),
+], ids=["sparse-tensor", "masked-array"])
+def test_sparse_and_masked_ids_are_an_id_type_error(ids, needle):
+    """They reached torch's and Numba's own errors (TypeError, NumbaTypeError)."""
+    with PingPongLoader([(ids, torch.arange(2), [])], torch.randn(N, 2)) as loader:
+        with pytest.raises(pingpong.IdTypeError, match=needle):
+            next(iter(loader))
+
+
+def test_a_lazily_negated_view_of_ids_is_read_as_its_values():
+    """``torch._neg_view`` holds -ids in memory: read as the values it stands for
+    (``.numpy()`` of it was torch's RuntimeError)."""
+    features = torch.randn(N, 2)
+    ids = torch._neg_view(torch.tensor([-1, -7, -3]))
+    with PingPongLoader([(ids, torch.arange(2), [])], features) as loader:
+        batch = next(iter(loader))
+        assert torch.equal(batch.x, features[torch.tensor([1, 7, 3])])
 
 
 #: ``raise`` of a built-in exception that pingpong keeps: an internal invariant (a

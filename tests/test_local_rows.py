@@ -332,6 +332,35 @@ def test_a_policy_whose_to_partid_has_another_shape_is_refused():
             next(iter(loader))
 
 
+def test_a_policy_that_changes_its_ids_in_place_changes_nothing_else():
+    """``to_partid`` gets a copy of the batch's ids, as ``__getitem__`` does: a policy
+    that rewrote them in place moved the batch's ids and the host table's gather
+    past the range check (a shift past the table's end crashed the process)."""
+    features, host = make_table(N, (4,)), make_table(N, (3,))
+    source = PartitionedRows(features)
+    real = source.part_policy.to_partid
+
+    def to_partid_then_shift(ids: torch.Tensor) -> torch.Tensor:
+        parts = real(ids)
+        ids += 1  # stays inside the tables: wrong rows rather than a crash
+        return parts
+
+    source.part_policy.to_partid = to_partid_then_shift  # type: ignore[method-assign]
+    inputs = torch.tensor([0, 150, 200, 258, 300])
+    triples = [(inputs.clone(), torch.tensor([0]), {"seq": 0})]
+    with PingPongLoader(SeqSource(triples, shuffle=False),
+                        {"part": source, "host": host}) as loader:
+        for _epoch in range(2):  # the first may gather on the warm-up's fallback
+            batch = next(iter(loader))
+            assert torch.equal(batch.input_nodes, inputs)
+            assert torch.equal(batch.x["part"], features[inputs])
+            assert torch.equal(batch.x["host"], host[inputs])
+        warm_up_of(loader).done.wait(120)
+        batch = next(iter(loader))  # the Numba kernels
+        assert torch.equal(batch.x["host"], host[inputs])
+        assert torch.equal(batch.input_nodes, inputs)
+
+
 def test_the_positioned_kernel_refuses_ids_and_positions_of_different_lengths():
     table = np.zeros((4, 8), dtype=np.uint8)
     out = np.zeros((4, 8), dtype=np.uint8)

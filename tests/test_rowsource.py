@@ -246,6 +246,23 @@ def test_bad_row_sources_are_refused_at_construction(bad: Any, needle: str):
         PingPongLoader([], bad)
 
 
+@pytest.mark.parametrize(("make_rows", "needle"), [
+    (lambda rows: rows.to_sparse(), r"returned rows of layout torch.sparse_coo"),
+    (lambda rows: torch.empty(rows.shape, device="meta"), r"returned rows on the meta device"),
+], ids=["sparse", "meta"])
+def test_rows_that_are_not_dense_host_values_are_a_table_error(make_rows: Any, needle: str):
+    """They reached torch's own errors (RuntimeError, NotImplementedError)."""
+    table = make_table(N, (3,))
+
+    class OddRows(Rows):
+        def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+            return make_rows(super().__getitem__(ids))
+
+    with PingPongLoader(seq_triples(N, 2), OddRows(table)) as loader:
+        with pytest.raises(pingpong.TableError, match=rf"features\[ids\] {needle}"):
+            next(iter(loader))
+
+
 def test_a_numpy_shape_is_read_as_ints():
     """A source reporting ``shape`` entries as NumPy integers (a memmap's, say) or 0-d
     integer tensors works."""
