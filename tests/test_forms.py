@@ -734,13 +734,13 @@ def test_dgl_seeds_outside_the_graph_are_refused_when_the_loader_is_built(make_l
         PingPongLoader(source, FEATURES)
 
 
-@pytest.mark.parametrize("seeds", [
-    np.array([1, 2, NUM_NODES + 5], dtype=np.uint32),
-    torch.tensor([1, 2, NUM_NODES + 5], dtype=torch.uint64),
-    torch.tensor([1, 2, NUM_NODES + 5], dtype=torch.int16),
+@pytest.mark.parametrize("make_seeds", [
+    lambda: np.array([1, 2, NUM_NODES + 5], dtype=np.uint32),
+    lambda: torch.tensor([1, 2, NUM_NODES + 5], dtype=torch.uint64),  # torch >= 2.3
+    lambda: torch.tensor([1, 2, NUM_NODES + 5], dtype=torch.int16),
 ], ids=["numpy-uint32", "uint64", "int16"])
 @pytest.mark.parametrize("kind", ["node", "edge"])
-def test_seeds_of_a_dtype_dgl_refuses_are_left_to_dgls_own_error(seeds, kind):
+def test_seeds_of_a_dtype_dgl_refuses_are_left_to_dgls_own_error(make_seeds, kind):
     """DGL samples int64 (or int32) seeds only and names the dtype it got; the
     loader's construction checks (the seed range, the label tables' rows) skip such
     seeds -- ``max()`` of uint32 or uint64 is torch's NotImplementedError, and an
@@ -752,13 +752,21 @@ def test_seeds_of_a_dtype_dgl_refuses_are_left_to_dgls_own_error(seeds, kind):
         tables: dict[str, Any] = {"edge_labels": torch.arange(NUM_EDGES)}
     else:
         tables = {"labels": torch.arange(NUM_NODES)}
-    source = dgl.dataloading.DataLoader(_graph(), seeds, sampler, batch_size=4)
-    with pytest.raises(dgl.DGLError, match=r"data type torch.int64. But got torch.") as plain:
+    try:
+        seeds = make_seeds()
+        source = dgl.dataloading.DataLoader(_graph(), seeds, sampler, batch_size=4)
+    except (AttributeError, TypeError) as exc:  # an older torch holds no such seeds
+        pytest.skip(f"this torch/DGL takes no such seeds: {exc}")
+    with pytest.raises(Exception) as plain:  # whatever DGL raises
         next(iter(source))
     with PingPongLoader(source, FEATURES, **tables) as loader, \
-            pytest.raises(dgl.DGLError) as through:
+            pytest.raises(Exception) as through:
         next(iter(loader))
+    assert type(through.value) is type(plain.value)
     assert str(through.value) == str(plain.value)
+    if hasattr(torch, "uint64"):  # torch >= 2.3 holds every such seed: DGL's dtype error
+        assert isinstance(plain.value, dgl.DGLError)
+        assert "data type torch.int64. But got torch." in str(plain.value)
 
 
 def test_seeds_of_another_meaning_are_not_checked_as_node_ids():
