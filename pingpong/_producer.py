@@ -437,7 +437,13 @@ def _fill(
     plan: ItemPlan,
     graphs: list[Any],
 ) -> Delivery:
-    """Gather one batch into ``slot`` on the copy stream; caller holds the write lock."""
+    """Gather one batch into ``slot`` on the copy stream; caller holds the write lock.
+
+    The tables are checked again first (``TableError``): the batch's ids were checked
+    when it was sampled, but a batch may wait for a free slot while the training loop
+    gives a table new memory or a new layout.
+    """
+    store.check_memory_unchanged()
     device.begin_fill()
     for event in slot.release_events:
         device.wait_event(event)

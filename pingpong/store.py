@@ -75,17 +75,23 @@ class HostTable:
             f"Write the new values in place ({self.name}.copy_(new)) or build a new loader"
         )
 
+    # The table's rows as the gathers read them: ``byte_rows``' memory in the layout
+    # recorded when the table was made -- not the caller's tensor now, which may have
+    # been given other memory or another shape since (a slot buffer sized from that
+    # would be too small for the rows the kernel copies).
+
     @property
     def num_rows(self) -> int:
-        return int(self.tensor.shape[0])
+        return int(self.byte_rows.shape[0])
 
     @property
     def row_shape(self) -> tuple[int, ...]:
-        return tuple(self.tensor.shape[1:])
+        shape = self.layout[0] if self.layout else self.tensor.shape
+        return tuple(shape[1:])  # type: ignore[index]
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.tensor.dtype
+        return self.layout[2] if self.layout else self.tensor.dtype  # type: ignore[return-value]
 
     @property
     def row_bytes(self) -> int:

@@ -10,6 +10,7 @@ by the batches gathered after them; a table given new memory (``.data =``,
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -20,6 +21,9 @@ from test_usage_patterns import CountingCPUDevice
 
 import pingpong
 from pingpong import PingPongLoader
+from pingpong.devices.cpu import CPUDevice
+from pingpong.slots import Buffer
+from pingpong.store import make_feature_store
 
 N = 200
 BATCHES = 12
@@ -114,3 +118,76 @@ def test_a_table_given_a_new_layout_over_the_same_memory_is_refused(how):
                                  r"\(shape \(200, 4\), strides \(4, 1\), torch.float32 when"):
             next(iter(loader))
         assert device.gathers == gathers
+
+
+def _wait_until_producer_waits_for_a_slot(timeout_s: float = 10.0) -> None:
+    """Until a producer thread is blocked taking a free slot: the batch after the
+    ones in slots has been sampled and checked, and waits to be gathered."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for frame in sys._current_frames().values():
+            while frame is not None:
+                if frame.f_code.co_name == "_take_free_slot":
+                    return
+                frame = frame.f_back  # type: ignore[assignment]
+        time.sleep(0.005)
+    raise AssertionError("the producer never waited for a slot")
+
+
+def _change(features: torch.Tensor, how: str) -> None:
+    if how == "new memory":
+        features.data = torch.full_like(features, -1.0)
+    elif how == "new narrower memory":
+        features.data = torch.full((features.shape[0], 2), -1.0)
+    else:  # "resize_": the same memory, a narrower row
+        features.resize_(features.shape[0], 2)
+
+
+@pytest.mark.parametrize("num_buffers", [2, 3])
+@pytest.mark.parametrize("how", ["new memory", "new narrower memory", "resize_"])
+def test_a_table_changed_mid_epoch_is_refused_before_the_batches_already_checked(
+        how, num_buffers):
+    """The table is replaced while the loop holds batch 0; the next batch to be
+    gathered was already sampled and checked, and waits for a free slot (it needs a
+    bigger slot buffer than batch 0 had).  The batches gathered before the change
+    are delivered as they were gathered (old rows, old shape); the next one is a
+    ``TableError`` and no row is gathered after the change -- not rows of the old
+    width written into a buffer sized for the new one."""
+    width = 256
+    features = torch.arange(N * width, dtype=torch.float32).reshape(N, width)
+    old = features.clone()
+    gen = torch.Generator().manual_seed(3)
+    sizes = [8] * num_buffers + [N] + [8]  # the checked, waiting batch grows its slot
+    triples = [(torch.randint(0, N, (n,), generator=gen), torch.arange(1), {"seq": i})
+               for i, n in enumerate(sizes)]
+    device = CountingCPUDevice()
+    with PingPongLoader(triples, features, device=device, num_buffers=num_buffers) as loader:
+        batches = iter(loader)
+        first = next(batches)
+        assert torch.equal(first.x, old[triples[0][0]])
+        _wait_until_producer_waits_for_a_slot()
+        gathers = device.gathers
+        assert gathers == num_buffers  # batch 0 and those after it in the other slots
+        _change(features, how)
+        for k in range(1, num_buffers):  # already in slots: gathered before the change
+            batch = next(batches)
+            assert batch.x.shape == (sizes[k], width)
+            assert torch.equal(batch.x, old[triples[k][0]]), k
+        with pytest.raises(pingpong.TableError,
+                           match=r"features was given (new memory|a new shape)"):
+            next(batches)
+        assert device.gathers == gathers
+
+
+def test_slot_buffers_are_sized_from_the_layout_the_table_was_built_with():
+    """A buffer that grows after the caller's tensor changed is still sized for the
+    rows the gathers copy: the memory and layout recorded when the table was made."""
+    features = torch.randn(N, 64)
+    store = make_feature_store(features)
+    buffer = Buffer(store.tables[None])
+    features.data = torch.zeros(N + 5, 2, dtype=torch.float64)
+    buffer.reserve(10, CPUDevice(1).allocate)
+    assert buffer.storage is not None
+    assert buffer.storage.shape[1:] == (64,)
+    assert buffer.storage.dtype == torch.float32
+    assert store.tables[None].num_rows == N
