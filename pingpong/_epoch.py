@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 from . import _rpc
 from ._lifecycle import (
@@ -32,6 +32,7 @@ from .cache import FeatureCache
 from .devices.base import Device
 from .errors import (
     BatchTimeoutError,
+    ConfigError,
     ProducerDiedError,
     SlotOverwriteError,
     StrayStopIterationError,
@@ -312,18 +313,22 @@ class Epoch:
         """How long each poll of a wait that began at ``start`` may block: at most
         ``POLL_S``, endless without a timeout; at the loader's ``timeout``
         :class:`~pingpong.errors.BatchTimeoutError` saying ``what`` did not
-        happen ``when``."""
+        happen ``when``.  There is always one poll, if only a look (0 s): a
+        timeout shorter than the time it takes to get here still finds a batch
+        that is ready."""
         deadline = None if self.timeout is None else start + self.timeout
+        polled = False
         while True:
             if deadline is None:
                 yield POLL_S
                 continue
             remaining = deadline - time.perf_counter()
-            if remaining <= 0:
+            if remaining <= 0 and polled:
                 raise BatchTimeoutError(
                     f"{what} within timeout={self.timeout} s{when}; the source may be "
                     "stalled -- raise `timeout`, or pass timeout=None to wait")
-            yield min(POLL_S, remaining)
+            polled = True
+            yield min(POLL_S, max(remaining, 0.0))
 
     def _wait_for_message(self) -> Message | _Wakeup:
         start = time.perf_counter()
@@ -370,12 +375,15 @@ class Epoch:
         Blocks for at most one in-flight slot fill plus ``join_s`` seconds.
         Idempotent.  On the producer thread itself (a finaliser run by the
         garbage collector there) it does nothing: that thread is about to
-        see ``stop`` and leave.
+        see ``stop`` and leave.  Nor does it wait for the write lock once the
+        producer has exited: in a process forked while the producer filled a
+        slot, the lock stays held by a thread that does not exist there.
         """
         if threading.current_thread() is self.thread:
             return
-        with self.write_lock:
-            pass  # a fill in flight finishes; the producer re-checks `stop` before the next
+        if self.thread.is_alive():
+            with self.write_lock:
+                pass  # a fill in flight finishes; the producer re-checks `stop` before the next
         self.thread.join(join_s)
         if self.thread.is_alive():
             log = logger.warning if join_s >= join_timeout() else logger.debug
@@ -416,6 +424,16 @@ class EpochIterator(Iterator[Any]):
         """End the epoch now and wait for its producer; ``next()`` then stops."""
         if self._epoch.end(EpochState.CLOSED):
             self._epoch.retire(join_timeout())
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
+        """Refuse ``copy.copy``, ``copy.deepcopy`` and ``pickle`` (:class:`ConfigError`,
+        a ``TypeError``): a copy would share this epoch, and dropping it would end
+        the epoch under the original, which would then stop early without a word."""
+        raise ConfigError(
+            "an epoch's iterator cannot be copied or pickled: a copy would share its "
+            "producer and slots, and end the epoch when dropped. Keep using the one "
+            "iterator (batch.clone() keeps a batch), or call iter(loader) for a new epoch"
+        )
 
     def __del__(self) -> None:
         epoch = getattr(self, "_epoch", None)

@@ -46,15 +46,18 @@ key                       meaning
 ``slot_bytes``            device memory held by all slots now
 ``slot_grows``            how many times a slot buffer was (re)allocated
 ``wall_s``                seconds since the loader was created
-``process_cpu_s``         CPU seconds the whole process used since then (psutil)
+``process_cpu_s``         CPU seconds the whole process used since then (psutil;
+                          in a forked child, since the fork)
 ``rss_bytes``             the process's resident memory now (psutil)
 ========================  ==========================================================
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import weakref
 from typing import Any
 
 import psutil
@@ -86,6 +89,14 @@ class LoaderStats:
         self._lock = threading.Lock()
         self._process = psutil.Process()
         self.reset()
+        _every_stats.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        # The producer may have held the lock at the fork, and the process is
+        # another one now: its CPU clock starts at zero.
+        self._lock = threading.Lock()
+        self._process = psutil.Process()
+        self._cpu0 = 0.0
 
     def reset(self) -> None:
         """Zero every counter and restart the wall and CPU clocks."""
@@ -112,6 +123,7 @@ class LoaderStats:
             values: dict[str, Any] = dict(self._values)
             wall = time.perf_counter() - self._t0
             cpu = self._cpu_seconds() - self._cpu0
+            process = self._process
         for key in ("epochs", "niced_epochs", "batches", "rows_gathered", "bytes_gathered",
                     "rows_fetched", "rows_read_in_place", "cache_lookups", "cache_hits",
                     "cache_bytes_saved"):
@@ -131,5 +143,20 @@ class LoaderStats:
         values["slot_grows"] = int(slot_grows)
         values["wall_s"] = wall
         values["process_cpu_s"] = cpu
-        values["rss_bytes"] = int(self._process.memory_info().rss)
+        values["rss_bytes"] = int(process.memory_info().rss)
         return values
+
+
+#: Every live :class:`LoaderStats`, so that a forked child gets a fresh lock and its
+#: own process in each (``loader.stats`` in the child reported the parent's memory
+#: and CPU, and waited forever on a lock the producer held at the fork).
+_every_stats: weakref.WeakSet[LoaderStats] = weakref.WeakSet()
+
+
+def _reinit_after_fork() -> None:
+    for stats in list(_every_stats):
+        stats._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reinit_after_fork)

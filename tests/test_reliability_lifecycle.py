@@ -368,6 +368,27 @@ def test_no_timeout_waits_for_slow_sampling_on_the_fake_device():
         assert [b.blocks["seq"] for b in loader] == [0, 1, 2, 3]
 
 
+def test_a_batch_that_is_ready_is_delivered_however_short_the_timeout():
+    """Every wait looks at least once: with a timeout shorter than the time it
+    takes ``next()`` to reach the queue (1e-5 s raised ``BatchTimeoutError`` in 6
+    of 20 tries with the batch already queued, found by a lifecycle review), a
+    batch that is ready is delivered.  The epoch's timeout is made 1e-12 s once
+    the epoch runs, so the deadline has always passed by the first look."""
+    triples = seq_triples(N, 6)
+    features = make_table()
+    with PingPongLoader(triples, features, timeout=30) as loader:
+        batches = iter(loader)
+        epoch = loader._core.epoch
+        assert epoch is not None
+        epoch.timeout = 1e-12
+        for inputs, _, _ in triples:
+            assert wait_until(lambda: not epoch.ready_q.empty(), 10.0)
+            assert torch.equal(next(batches).x, features[inputs])
+        assert wait_until(lambda: not epoch.ready_q.empty(), 10.0)  # the end of the epoch
+        with pytest.raises(StopIteration):
+            next(batches)
+
+
 def test_no_timeout_still_notices_a_producer_that_dies_mid_epoch(monkeypatch):
     """The producer delivers two batches, then its thread ends with no terminal message."""
     real_produce = epoch_module.produce
@@ -623,6 +644,22 @@ def test_interpreter_exit_with_a_live_iterator():
                 f"\n{stdout}"
             )
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("scenario", ["exit", "close", "iter"])
+def test_a_process_forked_while_the_producer_fills_a_slot(scenario):
+    """The child of a fork made while the producer held the epoch's write lock
+    (inside a gather) has no producer thread, and the lock stays held there: it
+    still leaves, closes the loader, or runs a new exact epoch of it, without
+    waiting for the lock (it hung in all three, found by a lifecycle review); the
+    parent's own epoch goes on unharmed."""
+    with _spawned("fork_mid_fill.py", scenario) as proc:
+        stdout, stderr = proc.communicate(timeout=120)
+    assert "CHILD_OK" in stdout, (stdout, stderr)
+    assert "CHILD_EXIT 0" in stdout, (stdout, stderr)
+    assert "PARENT_OK" in stdout, (stdout, stderr)
+    assert proc.returncode == 0, (stdout, stderr)
 
 
 # -- 10. re-iteration ---------------------------------------------------------------

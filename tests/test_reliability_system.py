@@ -7,6 +7,7 @@ Item 12 (kernels under the Numba CUDA simulator) is tests/test_kernels_cudasim.p
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import threading
@@ -233,6 +234,67 @@ def test_dgl_dataloader_with_worker_processes(dgl):
     while _running_children(me, before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _running_children(me, before) == []  # the worker processes are gone
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_stats_in_a_forked_child_are_the_childs_own():
+    """``loader.stats`` in a child forked by the training process reports the child:
+    its memory (it reported the parent's: a ``psutil.Process`` kept from before the
+    fork, found by a lifecycle review), its CPU time since the fork (not the
+    parent's), and it does not wait for a stats lock held at the fork by another
+    thread."""
+    triples = seq_triples(N, 4)
+    features = make_table()
+    with PingPongLoader(triples, features) as loader:
+        assert len(list(loader)) == 4
+        while loader.stats["process_cpu_s"] < 0.6:  # the parent's CPU time: 0.6 s
+            pass
+        held, release = threading.Event(), threading.Event()
+
+        def hold_the_stats_lock() -> None:
+            with loader._stats._lock:  # as the producer does while it counts a batch
+                held.set()
+                release.wait(30)
+
+        holder = threading.Thread(target=hold_the_stats_lock)
+        holder.start()
+        assert held.wait(30)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            code = 1
+            try:
+                before = loader.stats["rss_bytes"]
+                ballast = np.ones(100 * 2**20, dtype=np.uint8)  # 100 MiB only the child has
+                stats = loader.stats
+                real = psutil.Process().memory_info().rss
+                times = psutil.Process().cpu_times()
+                line = (f"{stats['rss_bytes']} {real} {stats['process_cpu_s']} {before} "
+                        f"{times.user + times.system} {ballast[-1]}\n")
+                os.write(write_end, line.encode())
+                code = 0
+            finally:
+                os._exit(code)
+        release.set()
+        holder.join()
+        os.close(write_end)
+        deadline = time.monotonic() + 30
+        while not (done := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not done[0]:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        with os.fdopen(read_end) as pipe:
+            report = pipe.read().split()
+        assert done[0], "the child hung reading loader.stats"
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        reported_rss, real_rss, cpu_s = int(report[0]), int(report[1]), float(report[2])
+        before_ballast = int(report[3])
+        assert abs(reported_rss - real_rss) < 20 * 2**20, (reported_rss, real_rss)
+        assert reported_rss - before_ballast > 80 * 2**20, (reported_rss, before_ballast)
+        childs_cpu_s = float(report[4])
+        assert 0.0 <= cpu_s <= childs_cpu_s + 0.05, (cpu_s, childs_cpu_s)
+        assert cpu_s < 0.5, cpu_s  # the parent's was 0.6 s at the fork
 
 
 def _running_children(me: psutil.Process, before: set[int]) -> list[psutil.Process]:

@@ -136,6 +136,29 @@ def test_a_loader_cannot_be_copied_or_pickled_and_the_refusal_says_so(how):
             assert torch.equal(batch.x, features[input_nodes])
 
 
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+def test_an_epoch_iterator_cannot_be_copied_and_its_epoch_goes_on(how):
+    """``copy.copy(iter(loader))`` returned a second iterator over the same epoch;
+    dropping it ended the epoch, and the original then stopped early with a plain
+    ``StopIteration`` (found by a lifecycle review). Copying is refused by name, and
+    the epoch delivers every batch."""
+    import copy
+    import pickle
+
+    triples, features, _ = triples_and_tables()
+    copiers: dict[str, Any] = {"copy": copy.copy, "deepcopy": copy.deepcopy,
+                               "pickle": pickle.dumps}
+    with PingPongLoader(SeqSource(triples, shuffle=False), features) as loader:
+        batches = iter(loader)
+        first = next(batches)
+        assert torch.equal(first.x, features[triples[0][0]])
+        with pytest.raises(pingpong.ConfigError, match="iterator cannot be copied"):
+            copiers[how](batches)
+        gc.collect()
+        for batch, (input_nodes, _, _) in zip(batches, triples[1:], strict=True):
+            assert torch.equal(batch.x, features[input_nodes])
+
+
 # -- close() from another thread -------------------------------------------------------
 class GatedSource:
     """Yields ``triples``; item ``stall_at`` waits until ``gate`` opens (a stalled sampler)."""
