@@ -87,7 +87,9 @@ class Batch(LeasedBatch, _BatchFields):
     current when ``next()`` returned it, and its slot is refilled only after
     the work queued on that stream up to the next ``next()`` is done.  To read
     it on another stream, call :meth:`record_stream` first (as with
-    ``Tensor.record_stream``).  On the CPU both are no-ops.
+    ``Tensor.record_stream``).  On the CPU there are no streams: the batch is
+    ready when ``next()`` returns it, and :meth:`record_stream` only checks that
+    the slot was not handed back yet (:class:`~pingpong.errors.BatchExpiredError`).
 
     Attributes:
         input_nodes: ids of the nodes whose features are in ``x`` (as the source

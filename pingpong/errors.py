@@ -14,7 +14,8 @@ exception                          raised when
                                    masked array; or, for
                                    ``heterogeneous=True``, not a dict by node
                                    type where the loader has more than one
-                                   feature table (a node type that has a
+                                   feature table or more than one node label
+                                   table (a node type that has a
                                    table but is absent from a batch gets zero
                                    rows); or edge label ids not a dict by
                                    edge type where the loader has several

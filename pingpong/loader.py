@@ -51,7 +51,9 @@ class PingPongLoader(Iterable[Any]):
             ``form=``.  Each ``iter(loader)`` makes one pass over it.  One-shot
             iterators (generators) are refused.
         features: a host tensor ``(N, ...)`` or a dict of such tensors (then
-            ``batch.x`` is a dict with the same keys).  Used in place, never copied.
+            ``batch.x`` is a dict with the same keys).  Used in place, never copied
+            (except by ``gather="device"``, and ``auto`` where it picks it, which
+            copy the tables to GPU memory once).
             With ``heterogeneous=True``: a dict ``{node type: table}``.
         labels: node labels: ``None`` or a host tensor with first dimension
             ``N``, gathered at a batch's seed nodes; with ``heterogeneous=True``,
@@ -189,12 +191,15 @@ class PingPongLoader(Iterable[Any]):
             producer's).
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until
-    the next batch is requested or the epoch ends; ``batch.clone()`` keeps one.
+    the same iterator is asked for the next batch or a new epoch of the loader
+    starts (ending an epoch early does not overwrite them); ``batch.clone()``
+    keeps one.
 
     Raises (at construction): ``TableError`` for unusable tables,
     ``ConfigError``/``GatherModeUnavailable`` for bad arguments, ``ConfigError``
-    (also a ``TypeError``) for a source that is not a re-iterable; Numba's
-    ``ValueError`` for a threading layer it cannot load
+    (also a ``TypeError``) for a source that is not a re-iterable,
+    ``IdRangeError`` for a DGL ``DataLoader`` whose seeds lie outside its
+    graph; Numba's ``ValueError`` for a threading layer it cannot load
     (``NUMBA_THREADING_LAYER=tbb`` without tbb) where ``producer_nice`` or
     ``producer_cpus`` starts the layer (otherwise the first epoch raises it).
     """

@@ -45,7 +45,8 @@ key                       meaning
 ``cache_bytes_saved``     ``cache_hits * row_bytes``
 ``slot_bytes``            device memory held by all slots now
 ``slot_grows``            how many times a slot buffer was (re)allocated
-``wall_s``                seconds since the loader was created
+``wall_s``                seconds since the loader was created or the last
+                          ``reset_stats()``
 ``process_cpu_s``         CPU seconds the whole process used since then (psutil;
                           in a forked child, since the fork)
 ``rss_bytes``             the process's resident memory now (psutil)
