@@ -22,6 +22,11 @@ Which rows:
   enqueued on the copy stream ahead of every later gather. If the first epoch
   was cut short, its partial counts are used. Counting then stops.
 
+The cache is a copy: a cached row keeps the values it had when the cache was
+built, whatever is written to the table afterwards (like ``gather="device"``'s
+copy of the whole table).  :meth:`FeatureCache.refresh` (the loader's
+``refresh_cache()``) copies the same rows again when the next epoch starts.
+
 Supported: one feature tensor (not a dict of tables, not a row source);
 anything else is refused at construction with a ``ConfigError``.
 
@@ -67,6 +72,8 @@ class FeatureCache:
         self._hot = hot_ids
         self.counter: RowCounter | None = RowCounter(table.num_rows) if hot_ids is None else None
         self.slot_of: np.ndarray | None = None  # host copy of the device slot map, once built
+        self._cached_ids: np.ndarray | None = None  # the rows cached, once built
+        self._refresh = False
         #: Rows actually cached (at most ``rows``: fewer if fewer were ever gathered).
         self.cached_rows = 0
         self.lock = threading.Lock()
@@ -76,10 +83,17 @@ class FeatureCache:
         return self.slot_of is not None
 
     def build_if_ready(self, device: Device) -> bool:
-        """Cache the hot rows on ``device`` if they are known; True if it built now."""
+        """Cache the hot rows on ``device`` if they are known, or copy the cached rows
+        again if :meth:`refresh` asked for it; True if it built now."""
         with self.lock:
             if self.built:
-                return False
+                if not self._refresh or self._cached_ids is None:
+                    return False
+                self._refresh = False
+                device.set_cache(self.table, self._cached_ids)
+                logger.info("pingpong feature cache: %d rows of %r copied again",
+                            len(self._cached_ids), self.table.name)
+                return True
             hot = self._hot
             if hot is None:
                 if self.counter is None or self.counter.total == 0:
@@ -88,6 +102,7 @@ class FeatureCache:
             slot_of = build_slot_map(self.table.num_rows, hot)
             device.set_cache(self.table, hot)
             self.slot_of, self.counter, self._hot = slot_of, None, None
+            self._cached_ids = hot
             self.cached_rows = len(hot)
         logger.info(
             "pingpong feature cache: %d of %d rows of %r on the device (%.1f MB)",
@@ -95,6 +110,13 @@ class FeatureCache:
             len(hot) * self.table.row_bytes / 1e6,
         )
         return True
+
+    def refresh(self) -> None:
+        """Copy the cached rows from the table again at the next :meth:`build_if_ready`
+        (the next ``iter(loader)``); nothing to do before the cache is built, whose
+        build reads the table then."""
+        with self.lock:
+            self._refresh = self.built
 
     def on_fill(self, x_ids: TableIds) -> dict[str, float]:
         """Producer, before a fill: count the ids (first epoch) or the cache's hits.

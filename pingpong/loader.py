@@ -465,6 +465,20 @@ class PingPongLoader(Iterable[Any]):
         """Zero the counters (e.g. after a warm-up epoch)."""
         self._stats.reset()
 
+    def refresh_cache(self) -> None:
+        """Copy the hot-row cache's rows from the feature table again when the next
+        epoch starts (``iter(loader)``), before its first gather.
+
+        The cache (``cache_bytes=``) is a copy made when it was built: writes to
+        the table after that do not reach the cached rows, so batches would hold
+        their old values there.  Call this after writing to the table (between
+        epochs: a write during an epoch reaches the cached rows at the next
+        epoch).  The same rows are cached; no-op without a cache or before it was
+        built.
+        """
+        if self._cache is not None:
+            self._cache.refresh()
+
     def __repr__(self) -> str:
         return (
             f"PingPongLoader(device={str(self.device)!r}, gather={self.gather_mode!r}, "

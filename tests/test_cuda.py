@@ -408,6 +408,22 @@ def test_zerocopy_with_a_hot_row_cache_is_bit_identical(how, dtype, row_shape):
     assert 0 < stats["cache_hits"] < stats["cache_lookups"]
 
 
+def test_refresh_cache_copies_the_cached_rows_again():
+    """A write between epochs reaches the cached rows after ``refresh_cache()``."""
+    features = torch.randn(N, 8)
+    source = make_triples(N, 4, max_inputs=3000)
+    with PingPongLoader(source, features, device="cuda", gather="zerocopy",
+                        cache_bytes=400 * 32, hot_ids=torch.arange(0, N, 2)) as loader:
+        for batch, (inputs, _o, _b) in zip(loader, source, strict=True):
+            assert _host_equal(batch.x, features[inputs])
+        features.mul_(-2).add_(1)
+        loader.refresh_cache()
+        for _ in range(2):
+            for batch, (inputs, _o, _b) in zip(loader, source, strict=True):
+                assert _host_equal(batch.x, features[inputs])
+        assert loader.stats["cache_hits"] > 0
+
+
 def test_a_cache_from_hot_ids_is_built_on_the_copy_stream(monkeypatch):
     """The constructor builds it, before any producer started: on the copy stream
     still (stream 0 is not ordered with torch's streams: a first gather could read

@@ -106,6 +106,41 @@ def test_the_first_epoch_counts_and_the_second_serves_its_hottest_rows():
     assert second["cache_hit_rate"] > 4 * k / N  # skewed ids: 5% of the rows, ~25% of reads
 
 
+@pytest.mark.parametrize("how", ["hot_ids", "learned"])
+def test_writes_reach_the_cached_rows_after_refresh_cache(how):
+    """The cache is a copy: a write to the table between epochs reaches the
+    uncached rows at once and the cached rows only after ``refresh_cache()``
+    (before it, every batch of the epoch after such a write differed from
+    ``features[input_nodes]`` and nothing said so).  Refreshing copies the same
+    rows again at the next ``iter()``, and every batch is exact again."""
+    gen = torch.Generator().manual_seed(5)
+    triples = [(torch.randperm(N, generator=gen)[:300], torch.arange(4), None)
+               for _ in range(6)]
+    features = torch.randn(N, 8, generator=gen)
+    extra: dict[str, Any] = {"hot_ids": torch.arange(N)} if how == "hot_ids" else {}
+    device = _fake()
+    with PingPongLoader(triples, features, device=device, cache_bytes=200 * 32,
+                        **extra) as loader:
+        loader.refresh_cache()  # before any build: nothing to copy again
+        assert _run_epoch(loader, triples, features) == len(triples)
+        if how == "learned":  # the build, at this iter(), reads the table as it is
+            features.mul_(3)
+            assert _run_epoch(loader, triples, features) == len(triples)
+        (_rows, slot_of), = device._caches.values()
+        cached = {int(i) for i in np.flatnonzero(slot_of >= 0)}
+        assert len(cached) == 200
+        before = features.clone()
+        features.mul_(-2).add_(1)  # between epochs, no refresh: cached rows keep old values
+        for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+            device.synchronize()
+            was_cached = torch.tensor([int(i) in cached for i in inputs])
+            assert same_bits(batch.x[was_cached], before[inputs][was_cached])
+            assert same_bits(batch.x[~was_cached], features[inputs][~was_cached])
+        loader.refresh_cache()
+        assert _run_epoch(loader, triples, features) == len(triples)
+        assert _run_epoch(loader, triples, features) == len(triples)  # refreshed once, kept
+
+
 def test_an_epoch_cut_short_still_teaches_the_cache():
     features = torch.randn(N, 4)
     triples = _skewed_triples(2)
