@@ -241,6 +241,7 @@ def produce(
                 with write_lock:
                     if stop.is_set():
                         return
+                    store.check_memory_unchanged()  # again: the batch may have waited for a slot
                     cache_counts = cache.on_fill(batch.x_ids) if cache is not None else {}
                     delivery = _fill(slot, store, device, batch.x_ids, batch.y_ids, fetched,
                                      batch.plan, batch.graphs)
@@ -437,13 +438,10 @@ def _fill(
     plan: ItemPlan,
     graphs: list[Any],
 ) -> Delivery:
-    """Gather one batch into ``slot`` on the copy stream; caller holds the write lock.
-
-    The tables are checked again first (``TableError``): the batch's ids were checked
-    when it was sampled, but a batch may wait for a free slot while the training loop
-    gives a table new memory or a new layout.
-    """
-    store.check_memory_unchanged()
+    """Gather one batch into ``slot`` on the copy stream; caller holds the write lock
+    and has just checked the tables (``store.check_memory_unchanged()``: the batch's
+    ids were checked when it was sampled, but a batch may wait for a free slot while
+    the training loop gives a table new memory or a new layout)."""
     device.begin_fill()
     for event in slot.release_events:
         device.wait_event(event)

@@ -25,7 +25,10 @@ Which rows:
 The cache is a copy: a cached row keeps the values it had when the cache was
 built, whatever is written to the table afterwards (like ``gather="device"``'s
 copy of the whole table).  :meth:`FeatureCache.refresh` (the loader's
-``refresh_cache()``) copies the same rows again when the next epoch starts.
+``refresh_cache()``) copies the same rows again when the next epoch starts:
+enqueued in ``iter(loader)`` on the copy stream, ahead of that epoch's
+gathers, so it reads the table as it is when the copy runs -- finish writing
+before ``iter(loader)``.
 
 Supported: one feature tensor (not a dict of tables, not a row source);
 anything else is refused at construction with a ``ConfigError``.
@@ -89,8 +92,8 @@ class FeatureCache:
             if self.built:
                 if not self._refresh or self._cached_ids is None:
                     return False
-                self._refresh = False
                 device.set_cache(self.table, self._cached_ids)
+                self._refresh = False  # only once done: a failed copy is tried again
                 logger.info("pingpong feature cache: %d rows of %r copied again",
                             len(self._cached_ids), self.table.name)
                 return True

@@ -471,10 +471,12 @@ class PingPongLoader(Iterable[Any]):
 
         The cache (``cache_bytes=``) is a copy made when it was built: writes to
         the table after that do not reach the cached rows, so batches would hold
-        their old values there.  Call this after writing to the table (between
-        epochs: a write during an epoch reaches the cached rows at the next
-        epoch).  The same rows are cached; no-op without a cache or before it was
-        built.
+        their old values there.  Write, call this, then start the epoch: the
+        copy is enqueued in ``iter(loader)`` and runs after it returns, ahead of
+        the epoch's gathers, so a write made during that epoch may reach the
+        cached rows in part.  The same rows are cached; a copy that fails (the
+        error comes from ``iter(loader)``) is tried again at the next
+        ``iter()``.  No-op without a cache or before it was built.
         """
         if self._cache is not None:
             self._cache.refresh()

@@ -141,6 +141,32 @@ def test_writes_reach_the_cached_rows_after_refresh_cache(how):
         assert _run_epoch(loader, triples, features) == len(triples)  # refreshed once, kept
 
 
+def test_a_refresh_that_fails_is_tried_again_at_the_next_iter(monkeypatch):
+    """The copy's error comes from ``iter(loader)``; the request is kept, so the
+    next ``iter()`` copies the rows (it was dropped: every later epoch read the old
+    cached rows without a word, found by a review)."""
+    gen = torch.Generator().manual_seed(6)
+    triples = [(torch.randperm(N, generator=gen)[:300], torch.arange(4), None)
+               for _ in range(4)]
+    features = torch.randn(N, 8, generator=gen)
+    device = _fake()
+    with PingPongLoader(triples, features, device=device, cache_bytes=400 * 32,
+                        hot_ids=torch.arange(0, N, 2)) as loader:
+        assert _run_epoch(loader, triples, features) == len(triples)
+        features.mul_(-2).add_(1)
+        loader.refresh_cache()
+        real = device.set_cache
+
+        def out_of_memory(*args: Any) -> None:
+            raise RuntimeError("out of memory (simulated)")
+
+        monkeypatch.setattr(device, "set_cache", out_of_memory)
+        with pytest.raises(RuntimeError, match="simulated"):
+            iter(loader)
+        monkeypatch.setattr(device, "set_cache", real)
+        assert _run_epoch(loader, triples, features) == len(triples)
+
+
 def test_an_epoch_cut_short_still_teaches_the_cache():
     features = torch.randn(N, 4)
     triples = _skewed_triples(2)

@@ -149,6 +149,10 @@ class ZeroCopyGather(_KernelGather):
         ordered after the build.
         """
         device = self.copy.device
+        # A refresh replaces the cache: free the old one first, so that it never
+        # needs twice the memory (the memory is reused only by work on the copy
+        # stream, ordered after the gathers that read the old cache).
+        self.caches.pop(id(table), None)
         with torch.cuda.stream(self.copy.stream):
             hot = torch.from_numpy(np.ascontiguousarray(hot_ids, dtype=np.int64)).to(device)
             rows = torch.empty((len(hot_ids), table.row_bytes), dtype=torch.uint8, device=device)
