@@ -156,7 +156,10 @@ def run_ranks(kind: str, tmp_path: Path, device: str = "cpu") -> list[dict[str, 
     """Run the gloo job; return each rank's JSON report (rank order), then the parent's."""
     returncode, stdout, stderr = run_in_own_session(
         [sys.executable, str(SCRIPT), str(WORLD_SIZE), kind, str(tmp_path), device],
-        timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"))  # a hang: ranks out of step?
+        # a hang: ranks out of step?  PYTHONFAULTHANDLER: a rank that aborts (one
+        # SIGABRT, "terminate called without an active exception", in one CI run
+        # of 1c043e2, not reproduced in 20 local runs) prints every thread's stack
+        timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1"))
     assert returncode == 0, stdout + stderr
     names = [f"rank{r}.json" for r in range(WORLD_SIZE)] + ["parent.json"]
     return [json.loads((tmp_path / name).read_text()) for name in names]

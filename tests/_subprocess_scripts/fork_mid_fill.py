@@ -9,6 +9,12 @@ and that lock stays held.  Scenarios, run in the child:
 - ``exit``: leave normally (``sys.exit(0)``: exit hooks and finalisers run);
 - ``close``: ``loader.close()``, then leave;
 - ``iter``: a new epoch of the same loader; every batch must equal ``features[ids]``.
+  Run under Numba's ``workqueue`` layer, which Numba documents as fork-safe: under
+  ``omp`` (GNU OpenMP) Numba terminates a forked child that runs parallel code
+  once the parent has ("fork() called from a process already using GNU OpenMP").
+
+The fork waits for the kernel warm-up to finish: a child forked while it
+compiled, inside LLVM, aborted at its exit in one CI run.
 
 The child prints ``CHILD_OK`` when its scenario finished (and, for ``iter``, every
 batch was exact); the parent prints ``CHILD_EXIT <code>`` or ``CHILD_HUNG`` (killed
@@ -22,6 +28,9 @@ import sys
 import threading
 import time
 from typing import Any
+
+if __name__ == "__main__" and sys.argv[1:] == ["iter"]:  # before Numba is imported
+    os.environ["NUMBA_THREADING_LAYER"] = "workqueue"
 
 import numpy as np
 import torch
@@ -72,6 +81,16 @@ def main() -> None:
     assert torch.equal(first.x, features[source[0][0]])
     if not device.paused.wait(30):
         raise SystemExit("the producer never reached its second gather")
+    # Not while the kernel warm-up compiles: a child forked inside LLVM aborted at
+    # its exit (LLVM's "asserting value handle" UNREACHABLE, SIGABRT, one CI run).
+    # That is another hazard than the write lock this script is about.  The gathers
+    # so far ran the warm-up's kernels or its fallback: under omp, the child's
+    # parallel code after this wait is what Numba refuses (see the docstring).
+    deadline = time.monotonic() + 120
+    while any(t.name.startswith("pingpong-warmup") for t in threading.enumerate()):
+        if time.monotonic() > deadline:
+            raise SystemExit("the kernel warm-up did not finish")
+        time.sleep(0.05)
     epoch = loader._core.epoch
     assert epoch is not None
     assert epoch.write_lock.locked()
