@@ -117,7 +117,6 @@ def _prepare_next(
             return None
         t1 = time.perf_counter()
         plan = reader.read(item, seq)
-        store.check_memory_unchanged()
         x_ids, y_ids = batch_ids(
             store, plan.feature_ids, plan.label_ids, plan.feature_ids_name,
             plan.label_ids_name,
@@ -241,7 +240,8 @@ def produce(
                 with write_lock:
                     if stop.is_set():
                         return
-                    store.check_memory_unchanged()  # again: the batch may have waited for a slot
+                    # Here, not when sampled: the batch may have waited for a slot.
+                    store.check_memory_unchanged()
                     cache_counts = cache.on_fill(batch.x_ids) if cache is not None else {}
                     delivery = _fill(slot, store, device, batch.x_ids, batch.y_ids, fetched,
                                      batch.plan, batch.graphs)
@@ -439,9 +439,10 @@ def _fill(
     graphs: list[Any],
 ) -> Delivery:
     """Gather one batch into ``slot`` on the copy stream; caller holds the write lock
-    and has just checked the tables (``store.check_memory_unchanged()``: the batch's
-    ids were checked when it was sampled, but a batch may wait for a free slot while
-    the training loop gives a table new memory or a new layout)."""
+    and has just checked the tables (``store.check_memory_unchanged()``, here rather
+    than when the batch was sampled: a batch may wait for a free slot while the
+    training loop gives a table new memory or a new layout; its ids were checked
+    against the rows of the memory every gather reads, which cannot change)."""
     device.begin_fill()
     for event in slot.release_events:
         device.wait_event(event)

@@ -51,8 +51,8 @@ class HostTable:
     name: str
     tensor: torch.Tensor
     byte_rows: np.ndarray = field(repr=False)
-    address: int = field(default=0, repr=False)
-    layout: tuple[object, ...] = field(default=(), repr=False)
+    address: int = field(repr=False)
+    layout: tuple[object, ...] = field(repr=False)
 
     def check_memory_unchanged(self) -> None:
         """``TableError`` if the caller's tensor was given other memory, or another
@@ -86,12 +86,11 @@ class HostTable:
 
     @property
     def row_shape(self) -> tuple[int, ...]:
-        shape = self.layout[0] if self.layout else self.tensor.shape
-        return tuple(shape[1:])  # type: ignore[index]
+        return tuple(self.layout[0][1:])  # type: ignore[index]
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.layout[2] if self.layout else self.tensor.dtype  # type: ignore[return-value]
+        return self.layout[2]  # type: ignore[return-value]
 
     @property
     def row_bytes(self) -> int:

@@ -23,7 +23,7 @@ from pingpong._producer import Delivery
 from pingpong.devices.fake import FakeAsyncDevice
 from pingpong.slots import GROWTH, ROW_GRANULE, Buffer, grown_capacity
 from pingpong.sources import BuiltinLoader, CSRGraph, NeighborSampler
-from pingpong.store import HostTable, byte_rows
+from pingpong.store import make_host_table
 
 N = 400
 
@@ -92,7 +92,7 @@ def test_a_batch_held_across_an_epoch_switch_is_intact_for_reads_queued_before_i
 # -- slots: growth policy (mutants of grown_capacity and Buffer.reserve) ---------------
 def _buffer() -> Buffer:
     tensor = torch.zeros(10, 3, dtype=torch.float16)
-    return Buffer(HostTable("features", tensor, byte_rows(tensor).numpy()))
+    return Buffer(make_host_table(tensor, "features"))
 
 
 @pytest.mark.parametrize("needed", [0, 1, 255, 256, 1000, 4097, 100_000])
