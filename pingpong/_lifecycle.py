@@ -60,7 +60,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from . import _rpc
@@ -232,6 +232,70 @@ def _wait_for_rpc_client(timeout: float) -> None:
                        timeout)
 
 
+# Sources whose iter() resets one shared iterator, and the last epoch (of any
+# loader) that iterates each: its producer thread, and the epoch while it lives.
+_shared_sources: weakref.WeakKeyDictionary[object, tuple[threading.Thread,
+                                                          weakref.ref[Epoch]]] = (
+    weakref.WeakKeyDictionary())
+_shared_sources_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _claiming(source: object | None) -> Iterator[Callable[[Epoch], None]]:
+    """Make sure no other loader's producer is inside ``source``'s one iterator,
+    then let the caller record the epoch that will be (``claim(epoch)``).
+
+    ``source`` is None for every other source (nothing is checked).  Another
+    loader's epoch whose producer still runs: if that epoch is still running
+    (``zip`` or a nested loop over two loaders of one such source), raise
+    :class:`SourceBusyError` at once; if it has ended (a ``break``), wait up to
+    ``JOIN_TIMEOUT_S`` for its producer to leave the source, then raise.  The
+    loader's own previous epoch has been retired before this is called.
+    """
+    if source is None or not _can_key(source):
+        yield lambda epoch: None
+        return
+    waited = False
+    while True:
+        with _shared_sources_lock:
+            thread, epoch_ref = _shared_sources.get(source, (None, None))
+            other = epoch_ref() if epoch_ref is not None else None
+            running = other is not None and other.state is EpochState.RUNNING
+            # not started yet counts as inside: its start() comes after this lock
+            busy = thread is not None and (thread.is_alive() or
+                                           (thread.ident is None and running))
+            if not busy:
+                def claim(epoch: Epoch) -> None:
+                    _shared_sources[source] = (epoch.thread, weakref.ref(epoch))
+                yield claim  # under the lock: one claim at a time
+                return
+        assert thread is not None
+        if running or waited:
+            how = ("is iterating it now (zip or a nested loop over two loaders of one "
+                   "DataLoader)" if running else
+                   f"has ended, but its producer is still inside the source after "
+                   f"{JOIN_TIMEOUT_S:.1f} s")
+            raise SourceBusyError(
+                f"another PingPongLoader's epoch ({thread.name}) over this DataLoader "
+                f"{how}, and the DataLoader's iter() (persistent_workers=True) resets "
+                "the one iterator both would read: a second pass now would take the "
+                "first one's items, or fail inside torch.  Nothing was started; give "
+                "each loader its own DataLoader, or end that epoch first (run it to "
+                "the end, or close its iterator or its loader)")
+        thread.join(JOIN_TIMEOUT_S)
+        waited = True
+
+
+def _can_key(source: object) -> bool:
+    """Whether ``source`` can key :data:`_shared_sources` (hashable, weakly referable)."""
+    try:
+        hash(source)
+        weakref.ref(source)
+    except TypeError:
+        return False
+    return True
+
+
 class LoaderCore:
     """What a loader, its iterators and its finaliser share: the one running epoch.
 
@@ -242,11 +306,13 @@ class LoaderCore:
     """
 
     def __init__(self, make_epoch: Callable[[], Epoch], device: Device,
-                 source_shares_its_iterator: bool = False) -> None:
+                 shared_iterator_source: object | None = None) -> None:
         self._make_epoch = make_epoch
         self.device = device
-        #: the source's iter() resets one shared iterator (persistent DataLoader workers)
-        self.source_shares_its_iterator = source_shares_its_iterator
+        #: the source, if its iter() resets one shared iterator (persistent
+        #: DataLoader workers): no two loaders' producers may be inside it at once
+        self.shared_iterator_source = shared_iterator_source
+        self.source_shares_its_iterator = shared_iterator_source is not None
         self.epoch: Epoch | None = None
         self.closed = False
         #: the last epoch retired and the device closed (``closed`` comes first)
@@ -279,7 +345,10 @@ class LoaderCore:
                         "iterator it is in (a DataLoader with persistent_workers=True): a "
                         "new pass now would lose or share its items.  Nothing was "
                         "started; call iter() again once the source returns")
-            epoch = self.epoch = self._make_epoch()
+            source = self.shared_iterator_source
+            with _claiming(source) as claim:
+                epoch = self.epoch = self._make_epoch()
+                claim(epoch)
             epoch.start()  # held first: a Ctrl-C from here on leaves no orphan producer
             return epoch
 

@@ -62,8 +62,9 @@ exception                          raised when
 :class:`SourceBusyError`           ``iter(loader)`` while the last epoch's
                                    producer is still inside a source whose
                                    ``iter()`` resets one shared iterator
-                                   (persistent DataLoader workers)
-                                   (``RuntimeError``)
+                                   (persistent DataLoader workers), or while
+                                   another loader's epoch over that source
+                                   runs (``RuntimeError``)
 :class:`RpcTurnError`              ``next()`` on a DistDGL loader by a thread
                                    inside :func:`pingpong.rpc_turn` (its
                                    producer could never take its turn)
@@ -155,7 +156,10 @@ class SourceBusyError(PingPongError, RuntimeError):
     ``iter()`` would reset the very iterator that producer is in -- a
     ``DataLoader`` with ``persistent_workers=True`` -- so a new pass would lose
     or share its items.  Nothing was started; ``iter()`` again once the source
-    returns.
+    returns.  Also raised by ``iter()`` over such a source while another
+    loader's epoch over it runs (``zip`` or nested loops over two loaders of
+    one DataLoader), or when that ended epoch's producer is still inside it
+    after 2 s.
     """
 
 

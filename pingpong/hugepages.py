@@ -124,11 +124,12 @@ def _hugetlb_mapping(nbytes: int) -> mmap.mmap | str:
     """A ``MAP_HUGETLB`` mapping of ``nbytes`` rounded up, or why there is none."""
     if not sys.platform.startswith("linux"):
         return "MAP_HUGETLB is Linux-only"
+    mapped = _round_up(nbytes, HUGE_PAGE_BYTES)
     try:
-        return _map(_round_up(nbytes, HUGE_PAGE_BYTES), MAP_HUGETLB)
+        return _map(mapped, MAP_HUGETLB)
     except OSError as exc:
         return (
-            f"mmap(MAP_HUGETLB) of {nbytes / 2**20:.0f} MiB failed ({exc}); "
+            f"mmap(MAP_HUGETLB) of {mapped // 2**20} MiB failed ({exc}); "
             "reserve huge pages with `sysctl vm.nr_hugepages=N`"
         )
 

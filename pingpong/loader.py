@@ -351,7 +351,8 @@ class PingPongLoader(Iterable[Any]):
             return new_epoch()
 
         self._core = LoaderCore(start_epoch, self._device,
-                                source_shares_its_iterator=_shares_its_iterator(source))
+                                shared_iterator_source=(source if _shares_its_iterator(source)
+                                                        else None))
         self._finalizer = weakref.finalize(self, _close, self._core, self._server_watch)
 
     # -- iteration -----------------------------------------------------------

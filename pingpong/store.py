@@ -125,6 +125,12 @@ def make_table(value: Any, name: str) -> Table:
 
 def _as_tensor(value: Any, name: str) -> torch.Tensor:
     if isinstance(value, np.ndarray):
+        if isinstance(value, np.ma.MaskedArray):
+            raise TableError(
+                f"{name} is a NumPy masked array: pingpong would gather the values under "
+                f"its mask as if they were data; pass {name}.filled(fill_value) (a copy "
+                "with the masked entries set) or its .data if those values are meant"
+            )
         if not value.flags.c_contiguous:  # torch.from_numpy refuses negative strides
             raise TableError(
                 f"{name} is not contiguous (strides {value.strides}); pass "
@@ -161,8 +167,8 @@ def make_host_table(value: Any, name: str) -> HostTable:
 
     Raises:
         TableError: not a tensor, 0-D, empty, sparse, not on the CPU, not
-            C-contiguous, quantized, a lazily conjugated/negated view, a NumPy array
-            torch cannot read in place (pingpong never silently copies a
+            C-contiguous, quantized, a lazily conjugated/negated view, a NumPy
+            masked array, a NumPy array torch cannot read in place (pingpong never silently copies a
             feature table), or a tensor that requires grad (its gathered rows
             would carry no gradient).
     """

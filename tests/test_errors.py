@@ -129,6 +129,9 @@ class NumpyTyped:
         (torch._neg_view(torch.randn(N, 2)), None, "lazily conjugated or negated"),
         (np.zeros((N, 2), dtype=">f4"), None, "cannot read a NumPy array of dtype '>f4'"),
         (np.array([[object()]] * N), None, "cannot read a NumPy array of dtype '|O'"),
+        (np.ma.masked_less(np.arange(N * 2.0).reshape(N, 2), 4), None, "masked array"),
+        (np.ma.masked_array(np.ones((N, 2), "f4")), None, "masked array"),  # no entry masked
+        (torch.randn(N, 4), np.ma.masked_array(np.arange(N)), "labels is a NumPy masked"),
     ],
     ids=lambda v: repr(v)[:24],
 )

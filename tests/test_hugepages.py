@@ -169,6 +169,17 @@ def test_hugetlb_without_a_pool_falls_back_to_thp(monkeypatch):
     assert table.data_ptr() % hp.HUGE_PAGE_BYTES == 0
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MAP_HUGETLB is Linux-only")
+def test_a_failed_hugetlb_mapping_names_the_size_it_asked_for(monkeypatch):
+    """Found in review: a table under 1 MiB was reported as "of 0 MiB"."""
+    def refuse(length: int, extra_flags: int = 0) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(hp, "_map", refuse)
+    for nbytes, mib in [(1, 2), (2**20, 2), (2 * 2**20, 2), (2 * 2**20 + 1, 4)]:
+        assert f"mmap(MAP_HUGETLB) of {mib} MiB failed" in hp._hugetlb_mapping(nbytes)
+
+
 def test_hugetlb_for_real_either_works_or_warns():
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

@@ -741,6 +741,49 @@ class SlowOnce(torch.utils.data.Dataset):
         return i
 
 
+class SlowItems(torch.utils.data.Dataset):
+    """Items 0..7, each taking ``delay[0]`` s (shared with the workers)."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay = torch.full((1,), delay_s).share_memory_()
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(float(self.delay[0]))
+        return i
+
+
+def _item_form(ids: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return ids, None
+
+
+def _persistent_source(dataset: torch.utils.data.Dataset) -> torch.utils.data.DataLoader:
+    source = torch.utils.data.DataLoader(dataset, batch_size=1, num_workers=1,
+                                         persistent_workers=True)
+    assert [int(i) for i in source] == list(range(8))  # starts the persistent worker
+    return source
+
+
+def _iter_once_the_source_is_free(loader: PingPongLoader) -> Iterator[Any]:
+    """``iter(loader)``, retried while it raises ``SourceBusyError`` (for up to 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return iter(loader)
+        except pingpong.SourceBusyError:
+            assert time.monotonic() < deadline
+
+
+def _exact_items(batches: Iterator[Any], features: torch.Tensor) -> list[int]:
+    got = []
+    for batch in batches:
+        assert torch.equal(batch.x, features[batch.item])
+        got.append(int(batch.item))
+    return got
+
+
 def test_a_persistent_worker_loader_is_not_reset_under_a_stuck_producer():
     """Found in review: after a timeout, ``iter()`` went on after 2 s while the old
     producer was still inside ``next()`` of the iterator that torch's persistent
@@ -766,18 +809,54 @@ def test_a_persistent_worker_loader_is_not_reset_under_a_stuck_producer():
         dataset.stall[0] = 0  # read by the worker on its next item, not the stalled one
         with pytest.raises(pingpong.SourceBusyError, match="persistent_workers=True"):
             iter(loader)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                it = iter(loader)
-                break
-            except pingpong.SourceBusyError:
-                assert time.monotonic() < deadline
-        got = []
-        for batch in it:
-            assert torch.equal(batch.x, features[batch.item])
-            got.append(int(batch.item))
+        got = _exact_items(_iter_once_the_source_is_free(loader), features)
     assert got == list(range(8))
+
+
+def test_two_loaders_cannot_iterate_one_persistent_worker_loader_at_once():
+    """Found in user-style review: two loaders over one ``persistent_workers=True``
+    DataLoader, in ``zip`` or nested loops, put two producers inside the one
+    iterator its ``iter()`` resets: epochs of 0 batches with no error, or
+    ``KeyError`` from torch.  Now the second ``iter()`` raises ``SourceBusyError``,
+    the first epoch goes on exact, and the second loader's next pass is whole."""
+    source = _persistent_source(SlowItems(0.0))
+    features = torch.randn(8, 3)
+    with PingPongLoader(source, features, form=_item_form, timeout=20) as first, \
+            PingPongLoader(source, features, form=_item_form, timeout=20) as second:
+        with pytest.raises(pingpong.SourceBusyError, match="persistent_workers=True"):
+            for _pair in zip(first, second, strict=False):
+                pass
+        epoch = iter(first)
+        head = [int(next(epoch).item)]
+        with pytest.raises(pingpong.SourceBusyError, match="iterating it now"):
+            iter(second)  # a nested loop
+        assert head + _exact_items(epoch, features) == list(range(8))
+        assert _exact_items(iter(second), features) == list(range(8))
+        assert _exact_items(iter(first), features) == list(range(8))
+
+
+def test_a_second_loader_waits_for_the_first_ones_ended_producer():
+    """After a ``break`` out of one loader's epoch (its iterator dropped, the loader
+    kept), another loader over the same persistent-worker DataLoader waits for
+    the first producer to leave the source, then gets the whole pass; a producer
+    stuck there for longer than the wait is refused with ``SourceBusyError``."""
+    dataset = SlowItems(0.2)
+    source = _persistent_source(dataset)
+    features = torch.randn(8, 3)
+    with PingPongLoader(source, features, form=_item_form, timeout=20) as first, \
+            PingPongLoader(source, features, form=_item_form, timeout=20) as second:
+        for round_ in range(3):
+            for batch in first:
+                assert torch.equal(batch.x, features[batch.item])
+                break  # its producer is inside next(source) for the next item
+            assert _exact_items(iter(second), features) == list(range(8)), round_
+        dataset.delay[0] = 6.0  # longer than the 2 s wait
+        epoch = iter(first)
+        del epoch  # ended, its producer inside a 6 s item
+        with pytest.raises(pingpong.SourceBusyError, match="has ended"):
+            iter(second)
+        dataset.delay[0] = 0.0
+        assert _exact_items(_iter_once_the_source_is_free(second), features) == list(range(8))
 
 
 def test_rapid_reiteration_never_lets_an_old_producer_advance():
