@@ -248,6 +248,9 @@ class Epoch:
             raise message.exc
         self.end(EpochState.EXHAUSTED)
         self.retire(join_timeout())
+        # Before the loop's `for` ends: a write to a table after it must reach no
+        # batch of this epoch, and a GPU gather may not have run yet.
+        self.device.wait_for_fills()
         raise StopIteration
 
     def _deliver(self, message: Delivery, lease: Lease) -> Any:

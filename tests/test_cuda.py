@@ -343,6 +343,24 @@ def test_host_writes_between_epochs_reach_every_mode_but_device(mode):
             assert _host_equal(batch.x, want[inputs])
 
 
+@pytest.mark.parametrize("mode", ["zerocopy", "staged"])
+def test_a_write_after_the_epoch_reaches_none_of_its_batches(mode):
+    """The epoch's StopIteration waits for its gathers (``wait_for_fills``): a loop
+    that never waits on the host (each batch copied on the stream behind ~10 ms of
+    GPU work) and writes the table right after its ``for`` sees none of the write."""
+    features = torch.arange(N * 4, dtype=torch.float32).reshape(N, 4)
+    before = features.clone()
+    source = make_triples(N, 8, max_inputs=500)
+    with PingPongLoader(source, features, device="cuda", gather=mode) as loader:
+        copies = []
+        for batch in loader:
+            torch.cuda._sleep(SLEEP_CYCLES)
+            copies.append(batch.x.clone())
+        features.mul_(-1)  # no host wait since the last next()
+        for got, (inputs, _o, _b) in zip(copies, source, strict=True):
+            assert _host_equal(got, before[inputs])
+
+
 # -- batch forms on the GPU (no DGL on the GPU machine: GraphBolt stand-in, form=) -----
 class MiniBatch:
     """Stands in for a GraphBolt MiniBatch (DGL 2.2+ field names) whose ``to()``

@@ -53,6 +53,29 @@ def test_in_place_writes_between_epochs_reach_every_batch_of_the_next(device_kin
             features.mul_(-2).add_(1)  # after the epoch's last batch, before the next iter()
 
 
+@pytest.mark.parametrize("num_buffers", [2, 3])
+def test_a_write_after_the_epoch_reaches_none_of_its_batches_on_an_async_device(num_buffers):
+    """Found in a review of the CUDA path: an asynchronous gather reads the table when
+    it runs on the device, possibly after ``next()`` returned; a training loop that
+    never waits on the host (here: each batch read by a "kernel" on the consumer
+    stream) ended its epoch with gathers still queued, and a write after the loop
+    reached up to every batch of the epoch just ended (37 of 40 on this fake device).
+    The epoch's ``StopIteration`` now waits for the copy stream."""
+    triples = seq_triples(N, 8)
+    features = torch.arange(N * 3, dtype=torch.float32).reshape(N, 3)
+    device = pingpong.devices.fake.FakeAsyncDevice(seed=3, max_delay_s=0.002,
+                                                   consumer_max_delay_s=0.03)
+    with PingPongLoader(triples, features, device=device, num_buffers=num_buffers) as loader:
+        for epoch in range(3):
+            before = features.clone()
+            reads = [(device.consumer_submit(lambda b=batch: b.x.clone()), inputs)
+                     for batch, (inputs, _, _) in zip(loader, triples, strict=True)]
+            features.mul_(-2).add_(1)  # right after the loop: no host wait
+            stale = [j for j, (read, inputs) in enumerate(reads)
+                     if not torch.equal(read.result(), before[inputs])]
+            assert stale == [], (epoch, stale)
+
+
 @pytest.mark.parametrize("device_kind", ["cpu", "fake"])
 @pytest.mark.parametrize("num_buffers", [2, 3])
 def test_a_write_made_while_holding_batch_k_reaches_batch_k_plus_num_buffers(

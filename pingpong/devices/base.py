@@ -197,6 +197,12 @@ class Device(abc.ABC):
         ``stream`` is what :meth:`consumer_wait` returned; any thread.
         """
 
+    def wait_for_fills(self) -> None:  # noqa: B027 - optional hook
+        """Host wait until every gather queued so far has read its rows, so that a
+        write to a host table from now on reaches none of those batches.  Called
+        by the training thread when an epoch ends (``StopIteration``).  Here:
+        nothing to wait for (the gathers ran in the producer thread, retired by then)."""
+
     def close(self) -> None:
         """Release streams and host registrations.  Idempotent."""
         self.detach()

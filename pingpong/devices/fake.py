@@ -463,6 +463,16 @@ class FakeAsyncDevice(Device):
         self.consumer_stream.put("call", (fn, future))
         return future
 
+    def wait_for_fills(self) -> None:
+        """The copy stream's gathers read the table when they run: wait for them."""
+        if self._closed:
+            return  # close() ran what was queued
+        done = FakeEvent("copy")
+        self.copy_stream.put("record", (done, ()))
+        if not done.synchronize(30.0):
+            raise TimeoutError("FakeAsyncDevice.wait_for_fills timed out (the copy stream "
+                               "is stuck)")
+
     def synchronize(self, timeout: float = 30.0) -> None:
         """Host wait until both streams ran everything queued so far."""
         copy_done = FakeEvent("copy")

@@ -182,6 +182,12 @@ class CUDADevice(Device):
     def record(self) -> Event:
         return self._copy.record()
 
+    def wait_for_fills(self) -> None:
+        """The kernels of ``zerocopy`` (and of the hot-row cache) read the host
+        table when they run on the GPU, which may be after ``next()`` returned:
+        wait for the copy stream (at the end of an epoch, the last fills)."""
+        self._copy.stream.synchronize()
+
     # -- consumer streams --------------------------------------------------------
     def consumer_wait(self, event: Event, stream: Any = None) -> Any:
         return self._copy.consumer_wait(event, stream)
