@@ -68,7 +68,7 @@ def test_a_write_after_the_epoch_reaches_none_of_its_batches_on_an_async_device(
     with PingPongLoader(triples, features, device=device, num_buffers=num_buffers) as loader:
         for epoch in range(3):
             before = features.clone()
-            reads = [(device.consumer_submit(lambda b=batch: b.x.clone()), inputs)
+            reads = [(device.consumer_submit(batch.x.clone), inputs)
                      for batch, (inputs, _, _) in zip(loader, triples, strict=True)]
             features.mul_(-2).add_(1)  # right after the loop: no host wait
             stale = [j for j, (read, inputs) in enumerate(reads)
