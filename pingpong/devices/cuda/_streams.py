@@ -15,6 +15,7 @@ back to its output position.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,26 +267,53 @@ class IdStager:
 
 def _record_graph(graph: Any, stream: torch.cuda.Stream) -> None:
     """``record_stream`` for a moved graph: its own method (DGL graphs), else every
-    CUDA tensor among its attributes (a GraphBolt MiniBatch and its subgraphs)."""
+    CUDA tensor it holds (a GraphBolt MiniBatch: its subgraphs, their CSC per edge
+    type, ids by type)."""
     record = getattr(graph, "record_stream", None)
     if callable(record):
         record(stream)
         return
-    for tensor in _cuda_tensors(graph, depth=4):
+    for tensor in tensors_in(graph, lambda t: t.is_cuda):
         tensor.record_stream(stream)
 
 
-def _cuda_tensors(obj: Any, depth: int) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.is_cuda else []
-    if depth == 0:
-        return []
-    if isinstance(obj, dict):
-        children: Any = obj.values()
-    elif isinstance(obj, list | tuple):
-        children = obj
-    elif hasattr(obj, "__dict__"):
-        children = vars(obj).values()
-    else:
-        return []
-    return [t for child in children for t in _cuda_tensors(child, depth - 1)]
+#: The most objects :func:`tensors_in` looks into (a bound, not a depth limit).
+MAX_OBJECTS = 100_000
+#: What :func:`tensors_in` does not look into: no batch keeps tensors there.
+_LEAVES = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType,
+           types.FunctionType, types.BuiltinFunctionType, types.MethodType, np.ndarray,
+           torch.device, torch.dtype)
+
+
+def tensors_in(obj: Any, keep: Callable[[torch.Tensor], bool]) -> list[torch.Tensor]:
+    """Every tensor ``keep`` accepts inside ``obj``, at any depth: through dicts,
+    lists, tuples, sets and the attributes of objects (``__dict__`` and
+    ``__slots__``), each object once (cycles end), up to ``MAX_OBJECTS`` objects."""
+    found: list[torch.Tensor] = []
+    seen: set[int] = set()
+    todo = [obj]
+    while todo and len(seen) < MAX_OBJECTS:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if keep(item):
+                found.append(item)
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            todo.extend(item)
+        elif not isinstance(item, _LEAVES):
+            todo.extend(_attributes(item))
+    return found
+
+
+def _attributes(obj: Any) -> list[Any]:
+    values = list(getattr(obj, "__dict__", {}).values())
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                values.append(getattr(obj, name))
+    return values
