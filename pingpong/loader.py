@@ -120,8 +120,9 @@ class PingPongLoader(Iterable[Any]):
             bit-identical either way.  Which rows: ``hot_ids``, or else the
             rows the first epoch gathered most (counted by the producer; the
             cache is built when the second epoch starts).  One feature tensor
-            only.  See :mod:`pingpong.cache`; ``loader.stats`` reports the hit
-            rate.
+            only.  It also takes 4 bytes of device memory per table row (its
+            slot map), outside ``cache_bytes``.  See :mod:`pingpong.cache`;
+            ``loader.stats`` reports the hit rate.
         hot_ids: rows to cache, hottest first (e.g. nodes by descending
             degree); the first ``cache_bytes // row_bytes`` are cached before
             the first batch.

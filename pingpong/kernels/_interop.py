@@ -154,8 +154,9 @@ def pin_in_place(byte_rows: np.ndarray, owner: torch.Tensor) -> PinnedTable:
             except Exception as exc:
                 raise TableError(
                     f"pinning {nbytes / 2**30:.2f} GiB of host memory in place failed: {exc}; "
-                    "check the locked-memory limit (`ulimit -l`) and free RAM, or use "
-                    "gather='staged'"
+                    "check the locked-memory limit (`ulimit -l`) and free RAM, and whether "
+                    "the table's pages are read-only (np.load(..., mmap_mode='r'): CUDA "
+                    "may refuse to register those), or use gather='staged'"
                 ) from exc
             registration = _registrations.add(memory, ptr, nbytes)
         registration.count += 1

@@ -252,6 +252,10 @@ class IdStager:
         host[:n].copy_(torch.from_numpy(ids))
         with torch.cuda.stream(self.copy.stream):
             device[:n].copy_(host[:n], non_blocking=True)
+            # Right after the copy that reads ``host``: a sort that raises must not
+            # leave the buffer with an older event while this copy may still read it.
+            staging.done = torch.cuda.Event()
+            staging.done.record(self.copy.stream)
             if self.sort:
                 # Allocated on the copy stream and used only there: freed memory is
                 # reused only by later copy-stream work, after these kernels.
@@ -259,8 +263,6 @@ class IdStager:
                 result = (_interop.device_array(sorted_ids), _interop.device_array(order))
             else:
                 result = (_interop.device_array(device[:n]), None)
-        staging.done = torch.cuda.Event()
-        staging.done.record(self.copy.stream)
         self.copy.staged = (ids, result)
         return result
 
