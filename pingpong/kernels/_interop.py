@@ -137,6 +137,8 @@ def pin_in_place(byte_rows: np.ndarray, owner: torch.Tensor) -> PinnedTable:
     nbytes = int(byte_rows.nbytes)
     with _pin_lock:
         registration = _registrations.holding(ptr, nbytes)
+        if registration is not None:
+            _check_same_device(registration, cuda.get_current_device().id)
         if registration is None and owner.is_pinned():
             interface = {
                 "shape": tuple(byte_rows.shape),
@@ -167,6 +169,23 @@ def pin_in_place(byte_rows: np.ndarray, owner: torch.Tensor) -> PinnedTable:
             gpu_data=_device_memory_at(registration, ptr),
         )
     return PinnedTable(array, registration)
+
+
+def _check_same_device(registration: _Registration, device_id: int) -> None:
+    """``TableError`` unless ``registration`` was made in device ``device_id``'s context.
+
+    Numba's ``mempin`` maps the memory into the context current when it pinned
+    (not ``CU_MEMHOSTREGISTER_PORTABLE``): its device pointer means nothing on
+    another GPU, and the range cannot be registered a second time.
+    """
+    pinned_on = registration.memory.context.device.id
+    if pinned_on != device_id:
+        raise TableError(
+            f"the table is already page-locked by pingpong for a loader on cuda:{pinned_on}; "
+            f"zero-copy reads of one table from two GPUs of one process are not supported "
+            f"(the registration is mapped for cuda:{pinned_on} only): use gather='staged' "
+            f"for the loader on cuda:{device_id}, or one process per GPU"
+        )
 
 
 def _device_memory_at(registration: _Registration, ptr: int) -> Any:
