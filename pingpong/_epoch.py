@@ -378,12 +378,13 @@ class Epoch:
         Blocks for at most one in-flight slot fill plus ``join_s`` seconds.
         Idempotent.  On the producer thread itself (a finaliser run by the
         garbage collector there) it does nothing: that thread is about to
-        see ``stop`` and leave.  Nor does it wait for the write lock once the
-        producer has exited: in a process forked while the producer filled a
-        slot, the lock stays held by a thread that does not exist there.
+        see ``stop`` and leave; nor for a producer that never started.  Nor
+        does it wait for the write lock once the producer has exited: in a
+        process forked while the producer filled a slot, the lock stays held
+        by a thread that does not exist there.
         """
-        if threading.current_thread() is self.thread:
-            return
+        if threading.current_thread() is self.thread or self.thread.ident is None:
+            return  # the producer's own finaliser, or a thread that never started
         if self.thread.is_alive():
             with self.write_lock:
                 pass  # a fill in flight finishes; the producer re-checks `stop` before the next
@@ -424,9 +425,12 @@ class EpochIterator(Iterator[Any]):
         return self._epoch.state
 
     def close(self) -> None:
-        """End the epoch now and wait for its producer; ``next()`` then stops."""
+        """End the epoch now and wait for its producer and for the gathers of the
+        batches it delivered (a write to a table then reaches none of them);
+        ``next()`` then stops."""
         if self._epoch.end(EpochState.CLOSED):
             self._epoch.retire(join_timeout())
+            self._epoch.device.wait_for_fills()
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> NoReturn:
         """Refuse ``copy.copy``, ``copy.deepcopy`` and ``pickle`` (:class:`ConfigError`,

@@ -60,7 +60,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import _rpc
@@ -103,8 +103,11 @@ def ended_error(state: EpochState, delivered: int) -> BaseException:
     if state is EpochState.SUPERSEDED:
         return EpochSupersededError(
             f"this epoch was ended after {delivered} batches because iter() was called "
-            "on the same PingPongLoader again (a nested loop, or zip(loader, loader)); "
-            "a loader runs one epoch at a time -- use one loader per concurrent loop"
+            "on the same PingPongLoader again (a nested loop, or zip(loader, loader)), "
+            "or on another PingPongLoader over the same DataLoader with "
+            "persistent_workers=True (whose one iterator both would read); a loader "
+            "runs one epoch at a time -- use one loader, over its own DataLoader, per "
+            "concurrent loop"
         )
     if state is EpochState.LOADER_CLOSED:
         return LoaderClosedError(
@@ -233,55 +236,50 @@ def _wait_for_rpc_client(timeout: float) -> None:
 
 
 # Sources whose iter() resets one shared iterator, and the last epoch (of any
-# loader) that iterates each: its producer thread, and the epoch while it lives.
-_shared_sources: weakref.WeakKeyDictionary[object, tuple[threading.Thread,
-                                                          weakref.ref[Epoch]]] = (
+# loader) that iterates each: weak references to its producer thread (a running
+# thread stays reachable through ``threading``) and to the epoch.
+_shared_sources: weakref.WeakKeyDictionary[
+    object, tuple[weakref.ref[threading.Thread], weakref.ref[Epoch]]] = (
     weakref.WeakKeyDictionary())
 _shared_sources_lock = threading.Lock()
 
 
-@contextlib.contextmanager
-def _claiming(source: object | None) -> Iterator[Callable[[Epoch], None]]:
-    """Make sure no other loader's producer is inside ``source``'s one iterator,
-    then let the caller record the epoch that will be (``claim(epoch)``).
+def _start_claiming(source: object | None, epoch: Epoch) -> None:
+    """Start ``epoch`` once no other loader's producer is inside ``source``'s one
+    iterator, and record it as the epoch that iterates ``source`` now.
 
-    ``source`` is None for every other source (nothing is checked).  Another
-    loader's epoch whose producer still runs: if that epoch is still running
-    (``zip`` or a nested loop over two loaders of one such source), raise
-    :class:`SourceBusyError` at once; if it has ended (a ``break``), wait up to
-    ``JOIN_TIMEOUT_S`` for its producer to leave the source, then raise.  The
+    ``source`` is None for every other source (the epoch is just started).
+    Another loader's epoch still running over ``source`` (``zip`` or nested
+    loops over two loaders of one DataLoader, or an iterator kept from an
+    earlier loader) is ended as superseded -- its iterator then raises
+    :class:`EpochSupersededError`, as for two ``iter()`` of one loader -- and
+    its producer is waited for, up to ``JOIN_TIMEOUT_S``; one still inside the
+    source then is :class:`SourceBusyError`, with ``epoch`` not started.  The
     loader's own previous epoch has been retired before this is called.
     """
     if source is None or not _can_key(source):
-        yield lambda epoch: None
+        epoch.start()
         return
     waited = False
     while True:
         with _shared_sources_lock:
-            thread, epoch_ref = _shared_sources.get(source, (None, None))
+            thread_ref, epoch_ref = _shared_sources.get(source, (None, None))
+            thread = thread_ref() if thread_ref is not None else None
             other = epoch_ref() if epoch_ref is not None else None
-            running = other is not None and other.state is EpochState.RUNNING
-            # not started yet counts as inside: its start() comes after this lock
-            busy = thread is not None and (thread.is_alive() or
-                                           (thread.ident is None and running))
-            if not busy:
-                def claim(epoch: Epoch) -> None:
-                    _shared_sources[source] = (epoch.thread, weakref.ref(epoch))
-                yield claim  # under the lock: one claim at a time
+            if thread is None or not thread.is_alive():
+                _shared_sources[source] = (weakref.ref(epoch.thread), weakref.ref(epoch))
+                epoch.start()  # under the lock: no other claim sees it unstarted
                 return
-        assert thread is not None
-        if running or waited:
-            how = ("is iterating it now (zip or a nested loop over two loaders of one "
-                   "DataLoader)" if running else
-                   f"has ended, but its producer is still inside the source after "
-                   f"{JOIN_TIMEOUT_S:.1f} s")
+        if waited:
             raise SourceBusyError(
-                f"another PingPongLoader's epoch ({thread.name}) over this DataLoader "
-                f"{how}, and the DataLoader's iter() (persistent_workers=True) resets "
-                "the one iterator both would read: a second pass now would take the "
-                "first one's items, or fail inside torch.  Nothing was started; give "
-                "each loader its own DataLoader, or end that epoch first (run it to "
-                "the end, or close its iterator or its loader)")
+                f"another PingPongLoader's epoch over this DataLoader ended, but its "
+                f"producer ({thread.name}) is still inside the DataLoader after "
+                f"{JOIN_TIMEOUT_S:.1f} s, and the DataLoader's iter() "
+                "(persistent_workers=True) resets the one iterator both would read: a "
+                "new pass now would lose or share its items.  Nothing was started; "
+                "call iter() again once the DataLoader returns")
+        if other is not None:
+            other.end(EpochState.SUPERSEDED)
         thread.join(JOIN_TIMEOUT_S)
         waited = True
 
@@ -345,11 +343,14 @@ class LoaderCore:
                         "iterator it is in (a DataLoader with persistent_workers=True): a "
                         "new pass now would lose or share its items.  Nothing was "
                         "started; call iter() again once the source returns")
-            source = self.shared_iterator_source
-            with _claiming(source) as claim:
-                epoch = self.epoch = self._make_epoch()
-                claim(epoch)
-            epoch.start()  # held first: a Ctrl-C from here on leaves no orphan producer
+            epoch = self.epoch = self._make_epoch()
+            try:
+                # held first: a Ctrl-C from here on leaves no orphan producer
+                _start_claiming(self.shared_iterator_source, epoch)
+            except BaseException:
+                if epoch.thread.ident is None:
+                    self.epoch = None  # never started: nothing to retire
+                raise
             return epoch
 
     def close(self) -> None:

@@ -58,13 +58,15 @@ exception                          raised when
                                    waited (``RuntimeError``)
 :class:`EpochSupersededError`      ``next()`` on an iterator whose epoch was
                                    ended by a newer ``iter(loader)`` (a nested
-                                   loop over one loader) (``RuntimeError``)
+                                   loop over one loader, or over two loaders of
+                                   one DataLoader with persistent workers)
+                                   (``RuntimeError``)
 :class:`SourceBusyError`           ``iter(loader)`` while the last epoch's
-                                   producer is still inside a source whose
-                                   ``iter()`` resets one shared iterator
-                                   (persistent DataLoader workers), or while
-                                   another loader's epoch over that source
-                                   runs (``RuntimeError``)
+                                   producer -- this loader's or another's over
+                                   the same source -- is still inside a source
+                                   whose ``iter()`` resets one shared iterator
+                                   (persistent DataLoader workers)
+                                   (``RuntimeError``)
 :class:`RpcTurnError`              ``next()`` on a DistDGL loader by a thread
                                    inside :func:`pingpong.rpc_turn` (its
                                    producer could never take its turn)
@@ -146,7 +148,9 @@ class EpochSupersededError(PingPongError, RuntimeError):
 
     A loader runs one epoch at a time; a second ``iter()`` (a nested loop over
     the same loader, ``zip(loader, loader)``) ends the first, and the first
-    iterator then raises this instead of stopping silently.
+    iterator then raises this instead of stopping silently.  So does
+    ``iter()`` on another loader over the same ``DataLoader`` with persistent
+    workers, whose one iterator both would read.
     """
 
 
@@ -156,10 +160,9 @@ class SourceBusyError(PingPongError, RuntimeError):
     ``iter()`` would reset the very iterator that producer is in -- a
     ``DataLoader`` with ``persistent_workers=True`` -- so a new pass would lose
     or share its items.  Nothing was started; ``iter()`` again once the source
-    returns.  Also raised by ``iter()`` over such a source while another
-    loader's epoch over it runs (``zip`` or nested loops over two loaders of
-    one DataLoader), or when that ended epoch's producer is still inside it
-    after 2 s.
+    returns.  The same for another loader's producer over that source: a new
+    ``iter()`` ends that loader's running epoch (its iterator raises
+    :class:`EpochSupersededError`) and waits for its producer 2 s.
     """
 
 

@@ -1,5 +1,5 @@
-"""Which tensors of a moved graph the CUDA device marks with ``record_stream``
-(``pingpong.devices.cuda._streams.tensors_in``), checked on the CPU.
+"""What of a moved graph the CUDA device marks with ``record_stream``
+(``pingpong.devices.cuda._streams.parts_to_record``), checked on the CPU.
 
 A tensor it misses is one the caching allocator may hand to the copy stream
 while the training stream still reads it.  The stand-ins below are laid out as
@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from pingpong.devices.cuda._streams import MAX_OBJECTS, tensors_in
+import pingpong.devices.cuda._streams as streams
+from pingpong.devices.cuda._streams import MAX_LOOKED_INTO, parts_to_record
 
 
 @dataclass
@@ -42,10 +43,28 @@ class MiniBatch:
 
 
 class Slotted:
-    __slots__ = ("__weakref__", "pair")
+    __slots__ = ("__pair", "__weakref__", "unset")
 
     def __init__(self, pair: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.pair = pair
+        self.__pair = pair
+
+    @property
+    def pair(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.__pair
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"__getattr__({name!r}) ran")
+
+
+class Graph:
+    """Stands in for a DGL graph: its own ``record_stream`` covers what it holds."""
+
+    def __init__(self) -> None:
+        self.recorded: list[Any] = []
+        self.inner = _t(7)
+
+    def record_stream(self, stream: Any) -> None:
+        self.recorded.append(stream)
 
 
 def _t(n: int) -> torch.Tensor:
@@ -77,7 +96,7 @@ def test_every_tensor_of_a_heterogeneous_minibatch_is_found():
     ]
     minibatch = MiniBatch(seeds={"user": t(3)}, input_nodes={"user": t(9), "item": t(7)},
                           sampled_subgraphs=layers)
-    assert _ids(tensors_in(minibatch, lambda tensor: True)) == _ids(want)
+    assert _ids(parts_to_record(minibatch, lambda tensor: True)) == _ids(want)
     assert len(want) == 30
 
 
@@ -87,16 +106,28 @@ def test_homogeneous_slots_pairs_cycles_and_the_filter():
     layer = SampledSubgraphImpl(sampled_csc=csc, original_edge_ids=pair)
     minibatch = MiniBatch(seeds=_t(3), sampled_subgraphs=[layer, layer])
     layer.original_row_node_ids = minibatch  # a cycle ends, each object once
-    found = tensors_in(minibatch, lambda tensor: True)
+    found = parts_to_record(minibatch, lambda tensor: True)
     assert _ids(found) == _ids([minibatch.seeds, csc.indptr, csc.indices, *pair.pair])
     assert len(found) == 5
-    assert _ids(tensors_in(minibatch, lambda tensor: len(tensor) == 3)) == \
+    assert _ids(parts_to_record(minibatch, lambda tensor: len(tensor) == 3)) == \
         _ids([minibatch.seeds, pair.pair[1]])
 
 
-def test_the_walk_is_bounded():
+def test_objects_with_their_own_record_stream_are_marked_not_looked_into():
+    graph = Graph()
+    minibatch = MiniBatch(seeds=_t(3), sampled_subgraphs=[SampledSubgraphImpl(graph)])
+    assert _ids(parts_to_record(minibatch, lambda tensor: True)) == \
+        {id(minibatch.seeds), id(graph)}
+    assert parts_to_record(graph, lambda tensor: True) == [graph]  # the top level too
+
+
+def test_the_walk_is_bounded_and_says_so(caplog, monkeypatch):
+    monkeypatch.setattr(streams, "_warned_bound", False)
     chain: Any = _t(1)
-    for _ in range(MAX_OBJECTS + 10):
+    for _ in range(MAX_LOOKED_INTO + 10):
         chain = [chain]
-    assert tensors_in(chain, lambda tensor: True) == []  # deeper than the bound
-    assert len(tensors_in([[_t(1)]], lambda tensor: True)) == 1
+    with caplog.at_level("WARNING"):
+        assert parts_to_record(chain, lambda tensor: True) == []  # deeper than the bound
+    assert "not marked with record_stream" in caplog.text
+    wide = [[_t(1)]] + [float(i) for i in range(3 * MAX_LOOKED_INTO)]  # leaves: not counted
+    assert len(parts_to_record(wide, lambda tensor: True)) == 1

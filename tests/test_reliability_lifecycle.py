@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -813,26 +814,96 @@ def test_a_persistent_worker_loader_is_not_reset_under_a_stuck_producer():
     assert got == list(range(8))
 
 
-def test_two_loaders_cannot_iterate_one_persistent_worker_loader_at_once():
+def test_two_loaders_over_one_persistent_worker_loader_take_turns_loudly():
     """Found in user-style review: two loaders over one ``persistent_workers=True``
     DataLoader, in ``zip`` or nested loops, put two producers inside the one
     iterator its ``iter()`` resets: epochs of 0 batches with no error, or
-    ``KeyError`` from torch.  Now the second ``iter()`` raises ``SourceBusyError``,
-    the first epoch goes on exact, and the second loader's next pass is whole."""
+    ``KeyError`` from torch.  Now, as for two ``iter()`` of one loader, the newer
+    ``iter()`` ends the running epoch, whose iterator raises
+    ``EpochSupersededError``; every pass that runs is exact."""
     source = _persistent_source(SlowItems(0.0))
     features = torch.randn(8, 3)
     with PingPongLoader(source, features, form=_item_form, timeout=20) as first, \
             PingPongLoader(source, features, form=_item_form, timeout=20) as second:
-        with pytest.raises(pingpong.SourceBusyError, match="persistent_workers=True"):
+        with pytest.raises(pingpong.EpochSupersededError, match="persistent_workers=True"):
             for _pair in zip(first, second, strict=False):
                 pass
-        epoch = iter(first)
-        head = [int(next(epoch).item)]
-        with pytest.raises(pingpong.SourceBusyError, match="iterating it now"):
-            iter(second)  # a nested loop
-        assert head + _exact_items(epoch, features) == list(range(8))
-        assert _exact_items(iter(second), features) == list(range(8))
+        outer = iter(first)
+        assert int(next(outer).item) == 0
+        assert _exact_items(iter(second), features) == list(range(8))  # a nested loop
+        with pytest.raises(pingpong.EpochSupersededError):
+            next(outer)
         assert _exact_items(iter(first), features) == list(range(8))
+        assert _exact_items(iter(second), features) == list(range(8))
+
+
+def test_a_kept_iterator_of_an_earlier_loader_does_not_block_the_next_one():
+    """Found in review: ``it = iter(PingPongLoader(dl))`` each epoch, left early --
+    the earlier epoch is still running (its iterator kept in ``it``) when the
+    next loader's ``iter()`` runs; it is superseded, and every pass is exact."""
+    source = _persistent_source(SlowItems(0.0))
+    features = torch.randn(8, 3)
+    it = None
+    for epoch in range(4):
+        it = iter(PingPongLoader(source, features, form=_item_form, timeout=20))
+        got = [int(next(it).item) for _ in range(3)]  # steps_per_epoch = 3
+        assert got == [0, 1, 2], epoch
+        for batch in it if epoch == 3 else ():
+            assert torch.equal(batch.x, features[batch.item])
+            got.append(int(batch.item))
+    assert got == list(range(8))
+
+
+@pytest.mark.parametrize("failure", ["thread start", "ctrl-c in the claim"])
+def test_an_epoch_that_never_started_leaves_its_loader_usable_and_nothing_alive(
+        failure, monkeypatch):
+    """Found in review: an epoch whose producer never started (``Thread.start``
+    failing, a Ctrl-C between building the epoch and starting it) made every later
+    ``iter()`` and ``close()`` raise "cannot join thread before it is started",
+    and the record of shared sources kept its device and slots alive."""
+    import pingpong._lifecycle as lifecycle_module
+
+    source = _persistent_source(SlowItems(0.0))
+    features = torch.randn(8, 3)
+
+    def fail_once(loader: PingPongLoader) -> None:
+        if failure == "thread start":
+            real_start = threading.Thread.start
+
+            def failing_start(thread: threading.Thread) -> None:
+                if thread.name.startswith("pingpong-producer"):
+                    raise RuntimeError("can't start new thread")
+                real_start(thread)
+
+            monkeypatch.setattr(threading.Thread, "start", failing_start)
+            expected: type[BaseException] = RuntimeError
+        else:
+            shared = lifecycle_module._shared_sources
+
+            class InterruptedOnce(weakref.WeakKeyDictionary):  # type: ignore[type-arg]
+                def __setitem__(self, key: Any, value: Any) -> None:
+                    monkeypatch.setattr(lifecycle_module, "_shared_sources", shared)
+                    raise KeyboardInterrupt  # a Ctrl-C just before the producer starts
+
+            monkeypatch.setattr(lifecycle_module, "_shared_sources", InterruptedOnce())
+            expected = KeyboardInterrupt
+        with pytest.raises(expected):
+            iter(loader)
+        monkeypatch.undo()
+
+    loader = PingPongLoader(source, features, form=_item_form, timeout=20)
+    fail_once(loader)
+    device, slots = weakref.ref(loader._device), [weakref.ref(s) for s in loader._slots]
+    loader.close()
+    del loader
+    gc.collect()
+    assert device() is None
+    assert all(slot() is None for slot in slots)
+
+    loader = PingPongLoader(source, features, form=_item_form, timeout=20)
+    fail_once(loader)
+    assert _exact_items(iter(loader), features) == list(range(8))
+    loader.close()
 
 
 def test_a_second_loader_waits_for_the_first_ones_ended_producer():
@@ -853,7 +924,7 @@ def test_a_second_loader_waits_for_the_first_ones_ended_producer():
         dataset.delay[0] = 6.0  # longer than the 2 s wait
         epoch = iter(first)
         del epoch  # ended, its producer inside a 6 s item
-        with pytest.raises(pingpong.SourceBusyError, match="has ended"):
+        with pytest.raises(pingpong.SourceBusyError, match="still inside the DataLoader"):
             iter(second)
         dataset.delay[0] = 0.0
         assert _exact_items(_iter_once_the_source_is_free(second), features) == list(range(8))

@@ -76,6 +76,28 @@ def test_a_write_after_the_epoch_reaches_none_of_its_batches_on_an_async_device(
             assert stale == [], (epoch, stale)
 
 
+def test_a_write_after_closing_the_epochs_iterator_reaches_none_of_its_batches():
+    """``iterator.close()`` waits for the gathers of the batches it delivered, as the
+    end of an epoch does (found in review: 26 of 30 batches read the later write)."""
+    triples = seq_triples(N, 8)
+    features = torch.arange(N * 3, dtype=torch.float32).reshape(N, 3)
+    device = pingpong.devices.fake.FakeAsyncDevice(seed=5, max_delay_s=0.002,
+                                                   consumer_max_delay_s=0.03)
+    with PingPongLoader(triples, features, device=device) as loader:
+        for epoch in range(3):
+            before = features.clone()
+            it = iter(loader)
+            reads = []
+            for batch, (inputs, _, _) in zip(it, triples[:5], strict=False):
+                reads.append((device.consumer_submit(batch.x.clone), inputs))
+            it.close()
+            features.mul_(-2).add_(1)
+            stale = [j for j, (read, inputs) in enumerate(reads)
+                     if not torch.equal(read.result(), before[inputs])]
+            assert len(reads) == 5
+            assert stale == [], (epoch, stale)
+
+
 @pytest.mark.parametrize("device_kind", ["cpu", "fake"])
 @pytest.mark.parametrize("num_buffers", [2, 3])
 def test_a_write_made_while_holding_batch_k_reaches_batch_k_plus_num_buffers(

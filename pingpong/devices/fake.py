@@ -468,7 +468,12 @@ class FakeAsyncDevice(Device):
         if self._closed:
             return  # close() ran what was queued
         done = FakeEvent("copy")
-        self.copy_stream.put("record", (done, ()))
+        try:
+            self.copy_stream.put("record", (done, ()))
+        except RuntimeError:
+            if self._closed:  # closed from another thread meanwhile: it ran the queue
+                return
+            raise
         if not done.synchronize(30.0):
             raise TimeoutError("FakeAsyncDevice.wait_for_fills timed out (the copy stream "
                                "is stuck)")

@@ -15,6 +15,8 @@ back to its output position.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ import torch
 from ...blocks import EdgeBlock, HeteroEdgeBlock
 from ...kernels import _interop
 from ..base import COMPLETED, Event
+
+logger = logging.getLogger(__name__)
 
 #: Staging buffers kept per kind; a buffer is reused after this many fills.
 STAGING_RING = 4
@@ -268,54 +272,74 @@ class IdStager:
 
 
 def _record_graph(graph: Any, stream: torch.cuda.Stream) -> None:
-    """``record_stream`` for a moved graph: its own method (DGL graphs), else every
-    CUDA tensor it holds (a GraphBolt MiniBatch: its subgraphs, their CSC per edge
-    type, ids by type)."""
-    record = getattr(graph, "record_stream", None)
-    if callable(record):
-        record(stream)
-        return
-    for tensor in tensors_in(graph, lambda t: t.is_cuda):
-        tensor.record_stream(stream)
+    """``record_stream`` for a moved graph: its own method (DGL graphs), else that
+    of every CUDA tensor -- or object with its own method -- it holds (a GraphBolt
+    MiniBatch: its subgraphs, their CSC per edge type, ids by type)."""
+    for part in parts_to_record(graph, lambda t: t.is_cuda):
+        part.record_stream(stream)
 
 
-#: The most objects :func:`tensors_in` looks into (a bound, not a depth limit).
-MAX_OBJECTS = 100_000
-#: What :func:`tensors_in` does not look into: no batch keeps tensors there.
+#: The most containers and objects :func:`parts_to_record` looks into.
+MAX_LOOKED_INTO = 100_000
+#: What :func:`parts_to_record` does not look into: no batch keeps tensors there.
 _LEAVES = (str, bytes, int, float, complex, bool, type(None), type, types.ModuleType,
            types.FunctionType, types.BuiltinFunctionType, types.MethodType, np.ndarray,
            torch.device, torch.dtype)
+_warned_bound = False
 
 
-def tensors_in(obj: Any, keep: Callable[[torch.Tensor], bool]) -> list[torch.Tensor]:
-    """Every tensor ``keep`` accepts inside ``obj``, at any depth: through dicts,
-    lists, tuples, sets and the attributes of objects (``__dict__`` and
-    ``__slots__``), each object once (cycles end), up to ``MAX_OBJECTS`` objects."""
-    found: list[torch.Tensor] = []
+def parts_to_record(obj: Any, keep: Callable[[torch.Tensor], bool]) -> list[Any]:
+    """What ``record_stream`` must be called on for ``obj``: every tensor ``keep``
+    accepts, and every other object with a ``record_stream`` method of its own (a
+    DGL graph: its method covers what it holds, so it is not looked into), found
+    at any depth through dicts, sequences, sets and objects' attributes
+    (``__dict__`` and slots, read through their descriptors: no ``__getattr__``
+    runs), each object once.  At most ``MAX_LOOKED_INTO`` containers and objects
+    are looked into; past that a warning is logged, once per process.
+    """
+    global _warned_bound
+    found: list[Any] = []
     seen: set[int] = set()
     todo = [obj]
-    while todo and len(seen) < MAX_OBJECTS:
+    looked_into = 0
+    while todo:
         item = todo.pop()
-        if id(item) in seen:
+        if id(item) in seen or isinstance(item, _LEAVES):
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):
             if keep(item):
                 found.append(item)
-        elif isinstance(item, dict):
+            continue
+        if callable(getattr(type(item), "record_stream", None)):
+            found.append(item)
+            continue
+        if looked_into >= MAX_LOOKED_INTO:
+            if not _warned_bound:
+                _warned_bound = True
+                logger.warning("pingpong: a moved graph holds more than %d objects; "
+                               "tensors past them are not marked with record_stream",
+                               MAX_LOOKED_INTO)
+            break
+        looked_into += 1
+        if isinstance(item, dict):
             todo.extend(item.values())
         elif isinstance(item, list | tuple | set | frozenset):
             todo.extend(item)
-        elif not isinstance(item, _LEAVES):
+        else:
             todo.extend(_attributes(item))
     return found
 
 
 def _attributes(obj: Any) -> list[Any]:
-    values = list(getattr(obj, "__dict__", {}).values())
+    """``obj``'s instance attributes: its ``__dict__`` and the slots that are set."""
+    try:
+        values = list(object.__getattribute__(obj, "__dict__").values())
+    except (AttributeError, TypeError):  # no __dict__ (slots only), or not a plain dict
+        values = []
     for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
-                values.append(getattr(obj, name))
+        for descriptor in vars(cls).values():
+            if isinstance(descriptor, types.MemberDescriptorType):
+                with contextlib.suppress(AttributeError):  # a slot never set
+                    values.append(descriptor.__get__(obj, cls))
     return values
