@@ -310,7 +310,6 @@ class LoaderCore:
         #: the source, if its iter() resets one shared iterator (persistent
         #: DataLoader workers): no two loaders' producers may be inside it at once
         self.shared_iterator_source = shared_iterator_source
-        self.source_shares_its_iterator = shared_iterator_source is not None
         self.epoch: Epoch | None = None
         self.closed = False
         #: the last epoch retired and the device closed (``closed`` comes first)
@@ -335,7 +334,8 @@ class LoaderCore:
                     self.epoch = previous  # ended; the next iter() or close() retires it
                     raise
                 previous.hand_back_lease()
-                if previous.thread.is_alive() and self.source_shares_its_iterator:
+                if (previous.thread.is_alive()
+                        and self.shared_iterator_source is not None):
                     self.epoch = previous  # ended; the next iter() waits for it again
                     raise SourceBusyError(
                         f"{previous.thread.name} is still inside the source after "
