@@ -213,10 +213,12 @@ def produce(
                     limit_dgl_threads(sampler_threads)
                 elif started_with is not None:  # as if Numba had not touched it
                     limit_dgl_threads(started_with, torch_first=False)
+                t_iter = time.perf_counter()
                 with _rpc.holding(rpc_lock, stop, poll_s) as held:
                     if not held or stop.is_set():
                         return
-                    iterator = iter(source)
+                    iterator = iter(source)  # may fork DataLoader workers: sampling time
+                stats.add(sample_s=time.perf_counter() - t_iter)
             finally:
                 if source_started is not None:
                     source_started.release()

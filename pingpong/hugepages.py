@@ -17,8 +17,9 @@ allocates tables on 2 MiB pages:
   pages even where THP is ``always`` (the "off" of an A/B comparison).
 
 Nothing here fails for want of huge pages: when they cannot be asked for
-(THP ``never``, no ``madvise``, an empty hugetlb pool), the table is
-allocated on normal pages and a :class:`HugePageWarning` says why. Whether
+(THP ``never``, no ``madvise``), the table is allocated on normal pages and
+a :class:`HugePageWarning` says why (a hugetlb pool too small falls back to
+``"thp"``, with a warning too). Whether
 the kernel actually *gave* huge pages is known only after the memory was
 touched: :func:`page_report` reads ``/proc/self/smaps`` for the table.
 

@@ -95,7 +95,7 @@ class PingPongLoader(Iterable[Any]):
             training step, which DGL's own default (every core) preempts; on
             CUDA, the count the thread starts with.  Does nothing without DGL
             imported, nor on threads DGL starts itself (a CUDA ``DataLoader``'s
-            prefetch thread).  ``loader.sampler_threads`` says what was asked.
+            prefetch thread).  ``loader.sampler_threads`` says which (``None`` resolved).
         sort_ids: ``"auto"`` (default), ``"gpu"`` or ``"none"``: whether the
             CUDA kernel gathers read each batch's rows in ascending id order --
             the ids are sorted *on the GPU*, on the copy stream, and each row

@@ -18,8 +18,8 @@ key                       meaning
                           (``DistTensor`` pulls: :mod:`pingpong.rowsource`)
 ``rows_read_in_place``    rows of row sources read from their local part
                           (``DistTensor.local_partition``) straight into slots
-``sample_s``              producer time spent waiting for the source (sampling;
-                          in a DistDGL process also for the other loaders'
+``sample_s``              producer time spent waiting for the source (sampling,
+                          and its ``iter()``; in a DistDGL process also for the other loaders'
                           producers to leave DGL's RPC client, :mod:`pingpong._rpc`)
 ``validate_s``            producer time spent checking ids
 ``fetch_s``               producer time spent fetching rows from row sources

@@ -386,3 +386,19 @@ def test_producer_cpu_counts_the_sources_cpu_not_its_waits():
         idle = loader.stats
     assert idle["sample_s"] >= 4 * 0.02 * 0.9  # the ending step is not in sample_s
     assert idle["producer_cpu_s"] < 0.5 * idle["sample_s"]
+
+
+def test_sample_s_counts_the_sources_iter():
+    """A source whose ``iter()`` is slow (a DataLoader forking its workers) adds
+    that wait to ``sample_s``, as it does to ``consumer_stall_s``."""
+
+    class SlowStart:
+        def __iter__(self):
+            time.sleep(0.3)
+            return iter(make_triples(N, 2))
+
+    with PingPongLoader(SlowStart(), torch.randn(N, 4)) as loader:
+        assert sum(1 for _ in loader) == 2
+        stats = loader.stats
+    assert stats["consumer_stall_s"] >= 0.3 * 0.9
+    assert stats["sample_s"] >= 0.3 * 0.9
