@@ -98,14 +98,20 @@ class EpochState(enum.Enum):
     LOADER_CLOSED = "loader closed"
 
 
+#: the sources whose iter() ends or resets an open iterator (in ``loader``:
+#: ``_resets_its_iterator``, ``_allows_one_live_iterator``)
+SHARED_ITERATOR_SOURCES = ("a DataLoader with persistent_workers=True, or a datapipe or "
+                           "a DataLoader over one, such as GraphBolt's gb.DataLoader")
+
+
 def ended_error(state: EpochState, delivered: int) -> BaseException:
     """What ``next()`` raises on an epoch that ended in ``state``."""
     if state is EpochState.SUPERSEDED:
         return EpochSupersededError(
             f"this epoch was ended after {delivered} batches because iter() was called "
             "on the same PingPongLoader again (a nested loop, or zip(loader, loader)), "
-            "or on another PingPongLoader over the same DataLoader with "
-            "persistent_workers=True (whose one iterator both would read); a loader "
+            "or on another PingPongLoader over the same source whose iter() ends or "
+            f"resets the iterator both would read ({SHARED_ITERATOR_SOURCES}); a loader "
             "runs one epoch at a time -- use one loader, over its own DataLoader, per "
             "concurrent loop"
         )
@@ -244,7 +250,7 @@ _shared_sources: weakref.WeakKeyDictionary[
 _shared_sources_lock = threading.Lock()
 
 
-def _start_claiming(source: object | None, epoch: Epoch) -> None:
+def _start_claiming(source: object | None, epoch: Epoch, refuse_while_inside: bool) -> None:
     """Start ``epoch`` once no other loader's producer is inside ``source``'s one
     iterator, and record it as the epoch that iterates ``source`` now.
 
@@ -253,9 +259,13 @@ def _start_claiming(source: object | None, epoch: Epoch) -> None:
     loops over two loaders of one DataLoader, or an iterator kept from an
     earlier loader) is ended as superseded -- its iterator then raises
     :class:`EpochSupersededError`, as for two ``iter()`` of one loader -- and
-    its producer is waited for, up to ``JOIN_TIMEOUT_S``; one still inside the
-    source then is :class:`SourceBusyError`, with ``epoch`` not started.  The
-    loader's own previous epoch has been retired before this is called.
+    its producer is waited for, up to ``JOIN_TIMEOUT_S``.  One still inside the
+    source then is :class:`SourceBusyError`, with ``epoch`` not started, if
+    ``refuse_while_inside`` (a source whose ``iter()`` resets the iterator that
+    producer is in); otherwise (a datapipe: the new ``iter()`` invalidates the
+    ended epoch's iterator, whose producer delivers nothing more) ``epoch``
+    starts.  The loader's own previous epoch has been retired before this is
+    called.
     """
     if source is None or not _can_key(source):
         epoch.start()
@@ -266,7 +276,7 @@ def _start_claiming(source: object | None, epoch: Epoch) -> None:
             thread_ref, epoch_ref = _shared_sources.get(source, (None, None))
             thread = thread_ref() if thread_ref is not None else None
             other = epoch_ref() if epoch_ref is not None else None
-            if thread is None or not thread.is_alive():
+            if thread is None or not thread.is_alive() or (waited and not refuse_while_inside):
                 _shared_sources[source] = (weakref.ref(epoch.thread), weakref.ref(epoch))
                 epoch.start()  # under the lock: no other claim sees it unstarted
                 return
@@ -304,12 +314,16 @@ class LoaderCore:
     """
 
     def __init__(self, make_epoch: Callable[[], Epoch], device: Device,
-                 shared_iterator_source: object | None = None) -> None:
+                 shared_iterator_source: object | None = None,
+                 source_resets_its_iterator: bool = False) -> None:
         self._make_epoch = make_epoch
         self.device = device
-        #: the source, if its iter() resets one shared iterator (persistent
-        #: DataLoader workers): no two loaders' producers may be inside it at once
+        #: the source, if its iter() ends or resets an iterator already open
+        #: (persistent DataLoader workers, datapipes): one loader's epoch at a time
         self.shared_iterator_source = shared_iterator_source
+        #: it resets one shared iterator (persistent workers): no new pass while an
+        #: ended epoch's producer is still inside it (a datapipe's just ends)
+        self.source_resets_its_iterator = source_resets_its_iterator
         self.epoch: Epoch | None = None
         self.closed = False
         #: the last epoch retired and the device closed (``closed`` comes first)
@@ -334,8 +348,7 @@ class LoaderCore:
                     self.epoch = previous  # ended; the next iter() or close() retires it
                     raise
                 previous.hand_back_lease()
-                if (previous.thread.is_alive()
-                        and self.shared_iterator_source is not None):
+                if previous.thread.is_alive() and self.source_resets_its_iterator:
                     self.epoch = previous  # ended; the next iter() waits for it again
                     raise SourceBusyError(
                         f"{previous.thread.name} is still inside the source after "
@@ -346,7 +359,8 @@ class LoaderCore:
             epoch = self.epoch = self._make_epoch()
             try:
                 # held first: a Ctrl-C from here on leaves no orphan producer
-                _start_claiming(self.shared_iterator_source, epoch)
+                _start_claiming(self.shared_iterator_source, epoch,
+                                self.source_resets_its_iterator)
             except BaseException:
                 if epoch.thread.ident is None:
                     self.epoch = None  # never started: nothing to retire

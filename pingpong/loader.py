@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, SupportsIndex
 
 import torch
+from torch.utils.data import IterDataPipe
 
 from . import _rpc
 from ._dgl_seeds import check_dgl_loader_seeds, dgl_loader_seeds
@@ -351,9 +352,12 @@ class PingPongLoader(Iterable[Any]):
                 cache.build_if_ready(device)
             return new_epoch()
 
-        self._core = LoaderCore(start_epoch, self._device,
-                                shared_iterator_source=(source if _shares_its_iterator(source)
-                                                        else None))
+        resets = _resets_its_iterator(source)
+        self._core = LoaderCore(
+            start_epoch, self._device,
+            shared_iterator_source=(source if resets or _allows_one_live_iterator(source)
+                                    else None),
+            source_resets_its_iterator=resets)
         self._finalizer = weakref.finalize(self, _close, self._core, self._server_watch)
 
     # -- iteration -----------------------------------------------------------
@@ -519,11 +523,19 @@ def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
     return frozenset(int(c) for c in ids)
 
 
-def _shares_its_iterator(source: Any) -> bool:
+def _resets_its_iterator(source: Any) -> bool:
     """A torch (or DGL) ``DataLoader`` with ``persistent_workers=True`` and workers:
     its ``iter()`` resets and returns one iterator object, every epoch."""
     return bool(getattr(source, "persistent_workers", False)) and \
         int(getattr(source, "num_workers", 0) or 0) > 0
+
+
+def _allows_one_live_iterator(source: Any) -> bool:
+    """A datapipe (``IterDataPipe``), or a ``DataLoader`` over one (GraphBolt's
+    ``gb.DataLoader``): a new ``iter()`` invalidates the one open -- which then
+    raises, or, behind GraphBolt's ``copy_to`` prefetcher, just stops."""
+    return isinstance(source, IterDataPipe) or \
+        isinstance(getattr(source, "dataset", None), IterDataPipe)
 
 
 def _combine_checks(

@@ -863,6 +863,35 @@ def test_graphbolt_pipeline_with_a_copy_to_stage(copy_to: str) -> None:
     assert torch.equal(torch.cat(seen).sort().values, seeds)
 
 
+def test_two_loaders_over_one_graphbolt_loader_take_turns_loudly() -> None:
+    """Found in a GraphBolt user review: torchdata allows one live iterator per
+    datapipe, and behind ``copy_to``'s prefetcher the older one just stops, so
+    an evaluation pass nested in the training loop (a second loader over the
+    same ``gb.DataLoader``) cut the training epoch short with no error, or
+    raised "generator already executing".  Now the nested ``iter()`` ends the
+    training epoch (``EpochSupersededError``) and each pass that runs is whole."""
+    gb = _graphbolt()
+    seeds = torch.arange(0, NUM_NODES, 3)
+    source = _graphbolt_pipeline(gb, seeds, copy_to="cpu")
+
+    def exact_pass(batches: Any) -> torch.Tensor:
+        seen = []
+        for minibatch in batches:
+            assert torch.equal(minibatch.node_features["feat"], FEATURES[minibatch.input_nodes])
+            seen.append(minibatch.seed_nodes)
+        return torch.cat(seen).sort().values
+
+    with PingPongLoader(source, FEATURES, LABELS, timeout=60) as train, \
+            PingPongLoader(source, FEATURES, LABELS, timeout=60) as evaluate:
+        outer = iter(train)
+        for _ in range(3):
+            next(outer)
+        assert torch.equal(exact_pass(evaluate), seeds)
+        with pytest.raises(pingpong.EpochSupersededError, match="GraphBolt"):
+            next(outer)
+        assert torch.equal(exact_pass(train), seeds)
+
+
 def test_graphbolt_pipeline_that_fetches_features_is_refused():
     gb = _graphbolt()
     source = _graphbolt_pipeline(gb, torch.arange(64), fetch=True)

@@ -137,8 +137,9 @@ def test_a_superseded_epoch_explains_itself():
     message = str(info.value)
     assert message.startswith("this epoch was ended after 2 batches because iter() was called ")
     assert "on the same PingPongLoader again (a nested loop, or zip(loader, loader)), " in message
-    assert "or on another PingPongLoader over the same DataLoader with persistent_workers" \
-        in message
+    assert "or on another PingPongLoader over the same source whose iter() ends or resets " \
+        "the iterator both would read (a DataLoader with persistent_workers=True, or a " \
+        "datapipe" in message
     assert message.endswith(
         "a loader runs one epoch at a time -- use one loader, over its own DataLoader, per "
         "concurrent loop"

@@ -814,18 +814,34 @@ def test_a_persistent_worker_loader_is_not_reset_under_a_stuck_producer():
     assert got == list(range(8))
 
 
-def test_two_loaders_over_one_persistent_worker_loader_take_turns_loudly():
+def _shared_iterator_source(kind: str) -> Any:
+    """Items 0..7 from a source whose ``iter()`` ends or resets an open iterator."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    if kind == "persistent workers":
+        return _persistent_source(SlowItems(0.0))
+    if kind == "a datapipe":
+        return IterableWrapper([torch.tensor([i]) for i in range(8)])
+    return torch.utils.data.DataLoader(IterableWrapper(range(8)), batch_size=1)
+
+
+@pytest.mark.parametrize("kind", ["persistent workers", "a datapipe",
+                                  "DataLoader over a datapipe"])
+def test_two_loaders_over_one_shared_iterator_source_take_turns_loudly(kind):
     """Found in user-style review: two loaders over one ``persistent_workers=True``
     DataLoader, in ``zip`` or nested loops, put two producers inside the one
     iterator its ``iter()`` resets: epochs of 0 batches with no error, or
-    ``KeyError`` from torch.  Now, as for two ``iter()`` of one loader, the newer
-    ``iter()`` ends the running epoch, whose iterator raises
-    ``EpochSupersededError``; every pass that runs is exact."""
-    source = _persistent_source(SlowItems(0.0))
+    ``KeyError`` from torch.  A datapipe allows one live iterator (torchdata): a
+    second ``iter()`` invalidates the first, which raises torch's "invalidated"
+    error (or, behind GraphBolt's prefetcher, stops: ``test_forms.py``).  Now, as
+    for two ``iter()`` of one loader, the newer ``iter()`` ends the running epoch,
+    whose iterator raises ``EpochSupersededError``; every pass that runs is exact."""
+    source = _shared_iterator_source(kind)
     features = torch.randn(8, 3)
     with PingPongLoader(source, features, form=_item_form, timeout=20) as first, \
             PingPongLoader(source, features, form=_item_form, timeout=20) as second:
-        with pytest.raises(pingpong.EpochSupersededError, match="persistent_workers=True"):
+        with pytest.raises(pingpong.EpochSupersededError,
+                           match="persistent_workers=True, or a datapipe"):
             for _pair in zip(first, second, strict=False):
                 pass
         outer = iter(first)
@@ -835,6 +851,40 @@ def test_two_loaders_over_one_persistent_worker_loader_take_turns_loudly():
             next(outer)
         assert _exact_items(iter(first), features) == list(range(8))
         assert _exact_items(iter(second), features) == list(range(8))
+
+
+class _StallOncePipe(torch.utils.data.IterDataPipe):
+    """Items 0..7 as datapipe; item 2 stalls ``stall_s`` once, when armed."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self.armed = False
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for i in range(8):
+            if i == 2 and self.armed:
+                self.armed = False
+                time.sleep(self.stall_s)
+            yield torch.tensor([i])
+
+
+@pytest.mark.parametrize("next_pass", ["same loader", "another loader"])
+def test_a_datapipe_starts_the_next_pass_under_a_stuck_ended_producer(next_pass):
+    """Unlike a persistent-worker DataLoader (``SourceBusyError``), a datapipe's new
+    iterator leaves the ended epoch's producer to finish its last step alone (it
+    delivers nothing more): the next pass starts, whole and exact."""
+    pipe = _StallOncePipe(stall_s=8.0)
+    features = torch.randn(8, 3)
+    with PingPongLoader(pipe, features, form=_item_form, timeout=1.0) as first, \
+            PingPongLoader(pipe, features, form=_item_form, timeout=20) as second:
+        pipe.armed = True
+        with pytest.raises(pingpong.BatchTimeoutError):
+            for _batch in first:
+                pass
+        started = time.monotonic()
+        loader = first if next_pass == "same loader" else second
+        assert _exact_items(iter(loader), features) == list(range(8))
+        assert time.monotonic() - started < 7.0  # not after the stalled step (2 s waits)
 
 
 def test_a_kept_iterator_of_an_earlier_loader_does_not_block_the_next_one():
