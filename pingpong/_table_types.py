@@ -16,7 +16,7 @@ from typing import Any
 from ._dgl_seeds import Seeds, seed_ids
 from .errors import ConfigError, TableError
 from .forms._dgl import NID, match_edge_types
-from .forms._graphbolt import pipeline_node_types
+from .forms._graphbolt import pipeline_graph_nodes, pipeline_node_types
 from .store import FeatureStore, TableKey
 
 __all__ = ["check_tables_against_graph", "edge_label_keys"]
@@ -32,7 +32,7 @@ def edge_label_keys(store: FeatureStore) -> tuple[TableKey, ...] | None:
 def check_tables_against_graph(source: Any, store: FeatureStore, seeds: Seeds | None,
                                form: bool = False) -> None:
     """Check the store's table keys and row counts against the graph of
-    ``source`` and its seeds (``seeds``: what
+    ``source`` (a GraphBolt ``DataLoader``'s: its one sampling graph) and its seeds (``seeds``: what
     :func:`~pingpong._dgl_seeds.dgl_loader_seeds` said about it before it was
     wrapped).  Nothing with ``form`` (the loader
     has a ``form=`` callable, which says what each table is gathered at).
@@ -64,7 +64,9 @@ def check_tables_against_graph(source: Any, store: FeatureStore, seeds: Seeds | 
         _check_node_types(source, graph, store)
     if store.label_kind == "edge":
         _check_edge_label_tables(graph, store, seeds[2] if seeds and seeds[0] == "edge" else None)
-    _check_node_rows(graph, store, seeds[2] if seeds and seeds[0] == "node" else None)
+    # A GraphBolt DataLoader has no graph: its sampling graph's node counts
+    counted = graph if graph is not None else pipeline_graph_nodes(source)
+    _check_node_rows(counted, store, seeds[2] if seeds and seeds[0] == "node" else None)
 
 
 def _check_label_kind(seeds: Seeds | None, store: FeatureStore) -> None:

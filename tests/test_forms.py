@@ -892,6 +892,16 @@ def test_two_loaders_over_one_graphbolt_loader_take_turns_loudly() -> None:
         assert torch.equal(exact_pass(train), seeds)
 
 
+def test_a_short_table_over_a_graphbolt_loader_is_refused_when_the_loader_is_built():
+    """Found in a GraphBolt user review: a feature table shorter than the pipeline's
+    sampling graph was caught only at the first batch that sampled a node past its
+    end (IdRangeError, every epoch); DGL's own loaders were refused when built."""
+    gb = _graphbolt()
+    source = _graphbolt_pipeline(gb, torch.arange(0, NUM_NODES, 2))
+    with pytest.raises(pingpong.TableError, match=f"the source's graph has {NUM_NODES} nodes"):
+        PingPongLoader(source, FEATURES[:NUM_NODES - 1], LABELS[:NUM_NODES - 1])
+
+
 def test_graphbolt_pipeline_that_fetches_features_is_refused():
     gb = _graphbolt()
     source = _graphbolt_pipeline(gb, torch.arange(64), fetch=True)

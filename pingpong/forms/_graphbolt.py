@@ -61,27 +61,62 @@ def pipeline_node_types(source: Any) -> list[str] | None:
     pipeline, or None (no GraphBolt, no pipeline, a homogeneous graph).
 
     A GraphBolt ``DataLoader`` has no ``graph``; its stages hold the
-    ``FusedCSCSamplingGraph`` (DGL 2.1: as ``SamplePerLayer.sampler``, a bound
-    method of the graph), whose ``node_type_to_id`` names the types.  Every
-    attribute of every stage is looked at, and bound methods' owners.
+    ``FusedCSCSamplingGraph``, whose ``node_type_to_id`` names the types.
     """
+    types: set[str] = set()
+    for graph in _sampling_graphs(source):
+        names = getattr(graph, "node_type_to_id", None)
+        if isinstance(names, dict):
+            types.update(names)
+    return sorted(types) or None
+
+
+class SamplingGraphNodes:
+    """A GraphBolt sampling graph's node types and counts, asked as of a DGL graph
+    (``ntypes``, ``num_nodes(ntype)``; a homogeneous graph's one type is ``"_N"``)."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+        self.ntypes = list(counts)
+
+    def num_nodes(self, ntype: str) -> int:
+        return self.counts[ntype]
+
+
+def pipeline_graph_nodes(source: Any) -> SamplingGraphNodes | None:
+    """The node counts of the one sampling graph in a GraphBolt ``DataLoader``'s
+    pipeline, or None (no GraphBolt, no pipeline, several graphs, counts unknown)."""
+    graphs = _sampling_graphs(source)
+    if len(graphs) != 1:
+        return None
+    counts = getattr(graphs[0], "num_nodes", None)  # int, or {type: int} (heterogeneous)
+    if isinstance(counts, dict) and all(isinstance(n, int) for n in counts.values()):
+        return SamplingGraphNodes(dict(counts))
+    if isinstance(counts, int):
+        return SamplingGraphNodes({"_N": counts})
+    return None
+
+
+def _sampling_graphs(source: Any) -> list[Any]:
+    """The distinct ``FusedCSCSamplingGraph`` s held by a GraphBolt ``DataLoader``'s
+    stages (DGL 2.1: as ``SamplePerLayer.sampler``, a bound method of the graph).
+    Every attribute of every stage is looked at, and bound methods' owners."""
     dataset = getattr(source, "dataset", None)
     if "dgl.graphbolt" not in sys.modules or dataset is None:
-        return None
+        return []
     try:
         from torch.utils.data.graph import traverse_dps
 
         stages = _stages(traverse_dps(dataset))
     except Exception:  # noqa: BLE001 -- not a datapipe graph torch can walk: no check
-        return None
-    types: set[str] = set()
+        return []
+    found: dict[int, Any] = {}
     for stage in stages:
         for value in vars(stage).values():
             for candidate in (value, getattr(value, "__self__", None)):
-                names = getattr(candidate, "node_type_to_id", None)
-                if isinstance(names, dict):
-                    types.update(names)
-    return sorted(types) or None
+                if hasattr(candidate, "csc_indptr") and hasattr(candidate, "node_type_to_id"):
+                    found.setdefault(id(candidate), candidate)
+    return list(found.values())
 
 
 def _stages(graph: dict[Any, Any]) -> list[Any]:
