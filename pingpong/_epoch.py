@@ -27,6 +27,7 @@ from ._lifecycle import (
     register_epoch,
 )
 from ._producer import Delivery, Failure, Message, produce
+from ._threads import ExitMark, run_marking_exit
 from .batch import LeasedBatch
 from .cache import FeatureCache
 from .devices.base import Device
@@ -128,9 +129,13 @@ class Epoch:
         # (Event.wait runs Python-level Condition code, like Queue.get, see above).
         self._source_started = threading.Lock()
         self._source_started.acquire()
+        #: the producer's own record of its exit (not Thread.join: see ExitMark)
+        self.exit_mark = ExitMark()
         self.thread = threading.Thread(
-            target=produce,
+            target=run_marking_exit,
             args=(
+                self.exit_mark,
+                produce,
                 source,
                 store,
                 reader,
@@ -201,7 +206,7 @@ class Epoch:
                 if self._source_started.acquire(timeout=wait):
                     self._source_started.release()
                     return
-                if self.state is not EpochState.RUNNING or not self.thread.is_alive():
+                if self.state is not EpochState.RUNNING or not self.producer_alive():
                     return  # next() says why
                 if self.health is not None:
                     self.health()
@@ -344,10 +349,12 @@ class Epoch:
                     pass
                 if self.health is not None:
                     self.health()  # a fetch in flight to a dead server never returns
-                if not self.thread.is_alive():
+                if not self.producer_alive():
                     try:  # it may have queued its last message just before exiting
                         return self.ready_q.get_nowait()
                     except queue.Empty:
+                        if self.state is not EpochState.RUNNING:
+                            return _WAKEUP  # ended (close() from another thread): next() says so
                         raise ProducerDiedError(
                             f"producer thread {self.thread.name} exited without "
                             "delivering a batch, an end of epoch or an error"
@@ -362,15 +369,22 @@ class Epoch:
 
         Sets the producer's stop flag and wakes a ``next()`` waiting on
         another thread.  Returns False if the epoch had already ended (the
-        first reason wins).
+        first reason wins).  The stop flag comes first, and again for an epoch
+        already ended: a Ctrl-C that lands in here never leaves an ended epoch
+        whose producer goes on.
         """
+        if not self.stop.is_set():
+            self.stop.set()
         with self._lock:
             if self.state is not EpochState.RUNNING:
                 return False
             self.state = state
-        self.stop.set()
         self.ready_q.put(_WAKEUP)
         return True
+
+    def producer_alive(self) -> bool:
+        """The producer thread started and has not left yet (by its own mark)."""
+        return self.thread.is_alive() and not self.exit_mark.exited
 
     def retire(self, join_s: float) -> None:
         """Wait until the ended epoch's producer writes nothing more; join it.
@@ -385,11 +399,13 @@ class Epoch:
         """
         if threading.current_thread() is self.thread or self.thread.ident is None:
             return  # the producer's own finaliser, or a thread that never started
-        if self.thread.is_alive():
-            with self.write_lock:
-                pass  # a fill in flight finishes; the producer re-checks `stop` before the next
-        self.thread.join(join_s)
-        if self.thread.is_alive():
+        if not self.stop.is_set():
+            self.stop.set()  # ended by end(), unless a Ctrl-C landed inside it
+        if not self.producer_alive():
+            return
+        with self.write_lock:
+            pass  # a fill in flight finishes; the producer re-checks `stop` before the next
+        if not self.exit_mark.wait(join_s):
             log = logger.warning if join_s >= join_timeout() else logger.debug
             log(
                 "%s is still blocked inside the source after %.1f s; it will write "
@@ -397,6 +413,10 @@ class Epoch:
                 self.thread.name,
                 join_s,
             )
+            return
+        # Past its mark: only the thread's own teardown is left, and a join that a
+        # Ctrl-C interrupts there marks nothing wrong.
+        self.thread.join(join_s)
 
 
 class EpochIterator(Iterator[Any]):

@@ -64,7 +64,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import _rpc
-from ._threads import join_within
+from ._threads import ExitMark, join_within
 from .errors import EpochSupersededError, LoaderClosedError, SourceBusyError
 
 if TYPE_CHECKING:
@@ -98,8 +98,7 @@ class EpochState(enum.Enum):
     LOADER_CLOSED = "loader closed"
 
 
-#: the sources whose iter() ends or resets an open iterator (in ``loader``:
-#: ``_resets_its_iterator``, ``_allows_one_live_iterator``)
+#: the sources whose iter() ends or resets an open iterator (``loader._shares_its_iterator``)
 SHARED_ITERATOR_SOURCES = ("a DataLoader with persistent_workers=True, or a datapipe or "
                            "a DataLoader over one, such as GraphBolt's gb.DataLoader")
 
@@ -241,16 +240,17 @@ def _wait_for_rpc_client(timeout: float) -> None:
                        timeout)
 
 
-# Sources whose iter() resets one shared iterator, and the last epoch (of any
-# loader) that iterates each: weak references to its producer thread (a running
-# thread stays reachable through ``threading``) and to the epoch.
+# Sources whose iter() ends or resets an open iterator, and the last epoch (of
+# any loader) that iterates each: weak references to its producer thread (a
+# running thread stays reachable through ``threading``) and to the epoch, and
+# the producer's exit mark (alive: the thread is, and has not marked its exit).
 _shared_sources: weakref.WeakKeyDictionary[
-    object, tuple[weakref.ref[threading.Thread], weakref.ref[Epoch]]] = (
+    object, tuple[weakref.ref[threading.Thread], weakref.ref[Epoch], ExitMark]] = (
     weakref.WeakKeyDictionary())
 _shared_sources_lock = threading.Lock()
 
 
-def _start_claiming(source: object | None, epoch: Epoch, refuse_while_inside: bool) -> None:
+def _start_claiming(source: object | None, epoch: Epoch) -> None:
     """Start ``epoch`` once no other loader's producer is inside ``source``'s one
     iterator, and record it as the epoch that iterates ``source`` now.
 
@@ -259,13 +259,9 @@ def _start_claiming(source: object | None, epoch: Epoch, refuse_while_inside: bo
     loops over two loaders of one DataLoader, or an iterator kept from an
     earlier loader) is ended as superseded -- its iterator then raises
     :class:`EpochSupersededError`, as for two ``iter()`` of one loader -- and
-    its producer is waited for, up to ``JOIN_TIMEOUT_S``.  One still inside the
-    source then is :class:`SourceBusyError`, with ``epoch`` not started, if
-    ``refuse_while_inside`` (a source whose ``iter()`` resets the iterator that
-    producer is in); otherwise (a datapipe: the new ``iter()`` invalidates the
-    ended epoch's iterator, whose producer delivers nothing more) ``epoch``
-    starts.  The loader's own previous epoch has been retired before this is
-    called.
+    its producer is waited for, up to ``JOIN_TIMEOUT_S``; one still inside the
+    source then is :class:`SourceBusyError`, with ``epoch`` not started.  The
+    loader's own previous epoch has been retired before this is called.
     """
     if source is None or not _can_key(source):
         epoch.start()
@@ -273,24 +269,25 @@ def _start_claiming(source: object | None, epoch: Epoch, refuse_while_inside: bo
     waited = False
     while True:
         with _shared_sources_lock:
-            thread_ref, epoch_ref = _shared_sources.get(source, (None, None))
-            thread = thread_ref() if thread_ref is not None else None
-            other = epoch_ref() if epoch_ref is not None else None
-            if thread is None or not thread.is_alive() or (waited and not refuse_while_inside):
-                _shared_sources[source] = (weakref.ref(epoch.thread), weakref.ref(epoch))
+            record = _shared_sources.get(source)
+            thread = record[0]() if record is not None else None
+            other = record[1]() if record is not None else None
+            if thread is None or record is None or not thread.is_alive() or record[2].exited:
+                _shared_sources[source] = (weakref.ref(epoch.thread), weakref.ref(epoch),
+                                           epoch.exit_mark)
                 epoch.start()  # under the lock: no other claim sees it unstarted
                 return
         if waited:
             raise SourceBusyError(
-                f"another PingPongLoader's epoch over this DataLoader ended, but its "
-                f"producer ({thread.name}) is still inside the DataLoader after "
-                f"{JOIN_TIMEOUT_S:.1f} s, and the DataLoader's iter() "
-                "(persistent_workers=True) resets the one iterator both would read: a "
-                "new pass now would lose or share its items.  Nothing was started; "
-                "call iter() again once the DataLoader returns")
+                f"another PingPongLoader's epoch over this source ended, but its "
+                f"producer ({thread.name}) is still inside the source after "
+                f"{JOIN_TIMEOUT_S:.1f} s, and the source's iter() ends or resets the "
+                f"iterator both would read ({SHARED_ITERATOR_SOURCES}): a new pass now "
+                "would lose or share its items.  Nothing was started; call iter() again "
+                "once the source returns")
         if other is not None:
             other.end(EpochState.SUPERSEDED)
-        thread.join(JOIN_TIMEOUT_S)
+        record[2].wait(JOIN_TIMEOUT_S)  # not thread.join: see ExitMark
         waited = True
 
 
@@ -314,16 +311,13 @@ class LoaderCore:
     """
 
     def __init__(self, make_epoch: Callable[[], Epoch], device: Device,
-                 shared_iterator_source: object | None = None,
-                 source_resets_its_iterator: bool = False) -> None:
+                 shared_iterator_source: object | None = None) -> None:
         self._make_epoch = make_epoch
         self.device = device
         #: the source, if its iter() ends or resets an iterator already open
-        #: (persistent DataLoader workers, datapipes): one loader's epoch at a time
+        #: (persistent DataLoader workers, datapipes): one loader's epoch at a
+        #: time, and no new pass while an ended epoch's producer is inside it
         self.shared_iterator_source = shared_iterator_source
-        #: it resets one shared iterator (persistent workers): no new pass while an
-        #: ended epoch's producer is still inside it (a datapipe's just ends)
-        self.source_resets_its_iterator = source_resets_its_iterator
         self.epoch: Epoch | None = None
         self.closed = False
         #: the last epoch retired and the device closed (``closed`` comes first)
@@ -336,31 +330,29 @@ class LoaderCore:
         with self._lock:
             if self.closed:
                 raise LoaderClosedError("this PingPongLoader is closed")
-            previous, self.epoch = self.epoch, None
+            # The previous epoch stays recorded until it is retired: a Ctrl-C
+            # anywhere in here leaves it to the next iter() or close() (each
+            # step below is idempotent), never a running epoch nobody holds.
+            previous = self.epoch
             if previous is not None:
                 previous.end(EpochState.SUPERSEDED)
                 # Always the full join, even after a failure: a producer still
                 # inside the source would take items meant for the new epoch
                 # from a source whose iter() resets a shared iterator (torchdata #1482).
-                try:
-                    previous.retire(JOIN_TIMEOUT_S)
-                except BaseException:  # a Ctrl-C in the join: it is not retired yet
-                    self.epoch = previous  # ended; the next iter() or close() retires it
-                    raise
+                previous.retire(JOIN_TIMEOUT_S)
                 previous.hand_back_lease()
-                if previous.thread.is_alive() and self.source_resets_its_iterator:
-                    self.epoch = previous  # ended; the next iter() waits for it again
+                if previous.producer_alive() and self.shared_iterator_source is not None:
                     raise SourceBusyError(
                         f"{previous.thread.name} is still inside the source after "
                         f"{JOIN_TIMEOUT_S:.1f} s, and the source's iter() would reset the "
-                        "iterator it is in (a DataLoader with persistent_workers=True): a "
+                        f"iterator it is in ({SHARED_ITERATOR_SOURCES}): a "
                         "new pass now would lose or share its items.  Nothing was "
                         "started; call iter() again once the source returns")
+            self.epoch = None
             epoch = self.epoch = self._make_epoch()
             try:
                 # held first: a Ctrl-C from here on leaves no orphan producer
-                _start_claiming(self.shared_iterator_source, epoch,
-                                self.source_resets_its_iterator)
+                _start_claiming(self.shared_iterator_source, epoch)
             except BaseException:
                 if epoch.thread.ident is None:
                     self.epoch = None  # never started: nothing to retire
@@ -386,5 +378,6 @@ class LoaderCore:
                 epoch.retire(join_timeout())
             with self._lock:
                 self.epoch = None
+            self.device.close()  # idempotent: a Ctrl-C before the mark below repeats it
+            with self._lock:
                 self.fully_closed = True
-            self.device.close()

@@ -59,13 +59,14 @@ exception                          raised when
 :class:`EpochSupersededError`      ``next()`` on an iterator whose epoch was
                                    ended by a newer ``iter(loader)`` (a nested
                                    loop over one loader, or over two loaders of
-                                   one DataLoader with persistent workers)
+                                   one DataLoader with persistent workers, or
+                                   of one datapipe: GraphBolt's DataLoader)
                                    (``RuntimeError``)
 :class:`SourceBusyError`           ``iter(loader)`` while the last epoch's
                                    producer -- this loader's or another's over
                                    the same source -- is still inside a source
-                                   whose ``iter()`` resets one shared iterator
-                                   (persistent DataLoader workers)
+                                   whose ``iter()`` ends or resets the one open
+                                   (persistent DataLoader workers, datapipes)
                                    (``RuntimeError``)
 :class:`RpcTurnError`              ``next()`` on a DistDGL loader by a thread
                                    inside :func:`pingpong.rpc_turn` (its
@@ -150,16 +151,18 @@ class EpochSupersededError(PingPongError, RuntimeError):
     the same loader, ``zip(loader, loader)``) ends the first, and the first
     iterator then raises this instead of stopping silently.  So does
     ``iter()`` on another loader over the same ``DataLoader`` with persistent
-    workers, whose one iterator both would read.
+    workers, or the same datapipe (GraphBolt's ``gb.DataLoader``), whose one
+    iterator both would read.
     """
 
 
 class SourceBusyError(PingPongError, RuntimeError):
     """``iter(loader)`` found the last epoch's producer still inside the source
     (after a timeout or Ctrl-C, it waited for it 2 s), and the source's
-    ``iter()`` would reset the very iterator that producer is in -- a
-    ``DataLoader`` with ``persistent_workers=True`` -- so a new pass would lose
-    or share its items.  Nothing was started; ``iter()`` again once the source
+    ``iter()`` would end or reset the very iterator that producer is in -- a
+    ``DataLoader`` with ``persistent_workers=True``, or a datapipe or a
+    ``DataLoader`` over one (GraphBolt's ``gb.DataLoader``) -- so a new pass
+    would lose or share its items.  Nothing was started; ``iter()`` again once the source
     returns.  The same for another loader's producer over that source: a new
     ``iter()`` ends that loader's running epoch (its iterator raises
     :class:`EpochSupersededError`) and waits for its producer 2 s.

@@ -82,8 +82,9 @@ class PingPongLoader(Iterable[Any]):
             waits as long as the source needs (a dead producer is still
             noticed).  The next ``iter()`` waits up to 2 s for the
             producer still inside the source, then starts the new pass -- or,
-            for a ``DataLoader`` with ``persistent_workers=True`` (its
-            ``iter()`` resets the iterator that producer is in), raises
+            for a ``DataLoader`` with ``persistent_workers=True`` or a
+            datapipe such as GraphBolt's ``gb.DataLoader`` (its ``iter()``
+            ends or resets the iterator that producer is in), raises
             :class:`~pingpong.errors.SourceBusyError` instead.
         gather_threads: Numba threads the CPU gather uses in the producer thread
             (default: half the cores).  The training loop's torch threads are
@@ -352,12 +353,9 @@ class PingPongLoader(Iterable[Any]):
                 cache.build_if_ready(device)
             return new_epoch()
 
-        resets = _resets_its_iterator(source)
-        self._core = LoaderCore(
-            start_epoch, self._device,
-            shared_iterator_source=(source if resets or _allows_one_live_iterator(source)
-                                    else None),
-            source_resets_its_iterator=resets)
+        self._core = LoaderCore(start_epoch, self._device,
+                                shared_iterator_source=(source if _shares_its_iterator(source)
+                                                        else None))
         self._finalizer = weakref.finalize(self, _close, self._core, self._server_watch)
 
     # -- iteration -----------------------------------------------------------
@@ -401,10 +399,9 @@ class PingPongLoader(Iterable[Any]):
         :class:`~pingpong.errors.LoaderClosedError` promptly.  A ``close()``
         interrupted (Ctrl-C while it joins the producer) is finished by the next.
         """
-        if self._finalizer.alive:
-            self._finalizer()
-        elif not self._core.fully_closed:  # the first close() was interrupted
-            _close(self._core, self._server_watch)
+        # Not through the finaliser, which stays armed: if this close() is
+        # interrupted and the loader then dropped, the garbage collector finishes it.
+        _close(self._core, self._server_watch, finish_on_interrupt=False)
 
     @property
     def server_watch(self) -> ServerWatch | None:
@@ -523,17 +520,21 @@ def _cpu_set(cpus: Iterable[int] | None) -> frozenset[int] | None:
     return frozenset(int(c) for c in ids)
 
 
-def _resets_its_iterator(source: Any) -> bool:
-    """A torch (or DGL) ``DataLoader`` with ``persistent_workers=True`` and workers:
-    its ``iter()`` resets and returns one iterator object, every epoch."""
-    return bool(getattr(source, "persistent_workers", False)) and \
-        int(getattr(source, "num_workers", 0) or 0) > 0
+def _shares_its_iterator(source: Any) -> bool:
+    """Whether a new ``iter(source)`` ends or resets an iterator already open:
 
-
-def _allows_one_live_iterator(source: Any) -> bool:
-    """A datapipe (``IterDataPipe``), or a ``DataLoader`` over one (GraphBolt's
-    ``gb.DataLoader``): a new ``iter()`` invalidates the one open -- which then
-    raises, or, behind GraphBolt's ``copy_to`` prefetcher, just stops."""
+    - a torch (or DGL) ``DataLoader`` with ``persistent_workers=True`` and
+      workers: its ``iter()`` resets and returns one iterator object;
+    - a datapipe (``IterDataPipe``), or a ``DataLoader`` over one without
+      workers (GraphBolt's ``gb.DataLoader``): one live iterator per datapipe
+      -- the old one raises, or, behind GraphBolt's ``copy_to`` prefetcher,
+      just stops -- and ``reset()`` rebinds state (a shuffle buffer) that the
+      old one, woken inside a step, would write into.  With workers (not
+      persistent) each pass sends its own copy of the datapipe to them.
+    """
+    workers = int(getattr(source, "num_workers", 0) or 0)
+    if workers > 0:
+        return bool(getattr(source, "persistent_workers", False))
     return isinstance(source, IterDataPipe) or \
         isinstance(getattr(source, "dataset", None), IterDataPipe)
 
@@ -555,10 +556,23 @@ def _combine_checks(
     return check_all
 
 
-def _close(core: LoaderCore, watch: ServerWatch | None) -> None:
-    """The loader's finaliser: stop the lifecycle, then drop the watch's descriptors."""
+def _close(core: LoaderCore, watch: ServerWatch | None,
+           finish_on_interrupt: bool = True) -> None:
+    """The loader's finaliser (and ``close()``): stop the lifecycle, then drop the
+    watch's descriptors.  Idempotent.
+
+    As the finaliser (``finish_on_interrupt``), a Ctrl-C in the close is let
+    through only once a second close has finished it: run by the garbage
+    collector, nothing would call ``close()`` again (Python prints and drops
+    the exception), and the device stayed open.
+    """
     try:
-        core.close()
+        try:
+            core.close()
+        except KeyboardInterrupt:
+            if finish_on_interrupt and not core.fully_closed:
+                core.close()
+            raise
     finally:
         if watch is not None:
             watch.close()

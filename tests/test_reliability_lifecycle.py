@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dis
 import gc
+import inspect
 import json
 import logging
 import os
@@ -36,6 +38,7 @@ from test_reliability import (
 
 import pingpong
 import pingpong._epoch as epoch_module
+import pingpong._lifecycle as lifecycle_module
 import pingpong.devices.cpu as cpu_device_module
 import pingpong.kernels._warmup as warmup_module
 from pingpong import PingPongLoader
@@ -605,6 +608,168 @@ def test_a_ctrl_c_while_close_joins_the_producer_is_finished_by_the_next_close(m
     assert wait_for_no_pingpong_threads(2.0) == []
 
 
+def _body_lines(function: Any) -> list[int]:
+    """The lines of ``function``'s body (after its ``def``) whose code starts with an
+    instruction a signal can land at: not a NOP (``pass``, ``try:``), which 3.11
+    may leave outside a ``with`` block's cleanup, so that a trace function raising
+    there leaves the lock held -- where no real Ctrl-C lands."""
+    code = function.__code__
+    first_op: dict[int, str] = {}
+    for instruction in dis.get_instructions(code):
+        line = instruction.positions.lineno if instruction.positions else None
+        if line is not None and line > code.co_firstlineno:
+            first_op.setdefault(line, instruction.opname)
+    return sorted(line for line, opname in first_op.items() if opname != "NOP")
+
+
+@contextlib.contextmanager
+def _ctrl_c_at_line(function: Any, lineno: int) -> Iterator[list[int]]:
+    """Raise KeyboardInterrupt once, as the main thread reaches ``lineno`` of
+    ``function`` (a Ctrl-C landing there); yields a list that holds the line once
+    it fired (a line the call never reaches does not fire)."""
+    code = function.__code__
+    fired: list[int] = []
+
+    def in_function(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == lineno and not fired:
+            fired.append(lineno)
+            raise KeyboardInterrupt
+        return in_function
+
+    sys.settrace(lambda frame, event, arg: in_function
+                 if frame.f_code is code and not fired else None)
+    try:
+        yield fired
+    finally:
+        sys.settrace(None)
+
+
+def _loader_one_batch_in(device: Any) -> tuple[PingPongLoader, Iterator[Any]]:
+    """A loader on ``device`` and its epoch's iterator, one batch delivered."""
+    loader = pingpong.PingPongLoader(seq_triples(N, 12), make_table(), device=device,
+                                     num_buffers=2)
+    it = iter(loader)
+    next(it)
+    return loader, it
+
+
+HANDOVER = {"Epoch.end": epoch_module.Epoch.end,
+            "Epoch.retire": epoch_module.Epoch.retire,
+            "LoaderCore.start_epoch": lifecycle_module.LoaderCore.start_epoch}
+
+
+@pytest.mark.parametrize("where", sorted(HANDOVER))
+def test_a_ctrl_c_at_any_line_of_the_epoch_handover_leaves_nothing_running(where):
+    """From a randomized lifecycle review: a Ctrl-C inside ``iter()`` between
+    ``start_epoch`` forgetting the running epoch and ending it left that epoch
+    running after ``close()`` (its iterator went on delivering, and on the fake
+    device ``close()`` closed the device under it); one inside ``Epoch.end``
+    between its new state and the stop flag left an ended epoch whose producer
+    was never stopped.  A Ctrl-C at each line in turn: afterwards ``close()``
+    ends the old epoch, stops every thread and closes the device."""
+    function = HANDOVER[where]
+    fired_at = []
+    for lineno in _body_lines(function):
+        device = fake(seed=0, max_delay_s=0.0)
+        loader, old = _loader_one_batch_in(device)
+        with contextlib.suppress(KeyboardInterrupt), _ctrl_c_at_line(function, lineno) as fired:
+            iter(loader)  # ends the old epoch: end(), retire(), start_epoch()
+        fired_at += fired
+        loader.close()
+        with pytest.raises((pingpong.LoaderClosedError, pingpong.EpochSupersededError)):
+            next(old)
+        assert device.closed, lineno
+        assert wait_for_no_pingpong_threads(5.0) == [], lineno
+    assert len(fired_at) >= 3, fired_at
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_ctrl_c_at_any_line_of_the_finaliser_still_closes_the_device():
+    """From a randomized lifecycle review: a Ctrl-C while the garbage collector
+    ran a dropped loader's finaliser was swallowed by Python ("Exception ignored")
+    with the device still open -- on CUDA, its pinned tables for the life of the
+    process -- and nothing could call ``close()`` again."""
+    function = lifecycle_module.LoaderCore._close
+    fired_at = []
+    for lineno in _body_lines(function):
+        device = fake(seed=0, max_delay_s=0.0)
+        loader, it = _loader_one_batch_in(device)
+        del it
+        with contextlib.suppress(KeyboardInterrupt), _ctrl_c_at_line(function, lineno) as fired:
+            del loader  # the last reference: the finaliser runs here
+            gc.collect()
+        fired_at += fired
+        assert device.closed, lineno
+        assert wait_for_no_pingpong_threads(5.0) == [], lineno
+    assert len(fired_at) >= 3, fired_at
+
+
+def test_a_close_descheduled_before_its_wakeup_still_reads_as_closed():
+    """From a randomized lifecycle review: ``close()`` from another thread,
+    descheduled between ending the epoch and waking the waiting ``next()``: the
+    producer left, and ``next()`` found it gone with nothing queued and raised
+    ``ProducerDiedError``; it is ``LoaderClosedError``, as the epoch says."""
+    lines, first = inspect.getsourcelines(epoch_module.Epoch.end)
+    wakeup = first + next(i for i, text in enumerate(lines)
+                          if text.strip() == "self.ready_q.put(_WAKEUP)")
+    code = epoch_module.Epoch.end.__code__
+
+    def descheduled(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == wakeup:
+            time.sleep(0.5)  # longer than the producer takes to see `stop` and leave
+        return descheduled
+
+    def close_from_another_thread(loader: PingPongLoader) -> None:
+        sys.settrace(lambda frame, event, arg: descheduled if frame.f_code is code else None)
+        loader.close()
+
+    class SlowSampler:
+        def __iter__(self) -> Iterator[Any]:
+            for item in seq_triples(N, 20):
+                time.sleep(0.3)
+                yield item
+
+    loader = PingPongLoader(SlowSampler(), make_table())
+    it = iter(loader)
+    next(it)
+    closer = threading.Timer(0.1, close_from_another_thread, (loader,))
+    closer.start()
+    with pytest.raises(pingpong.LoaderClosedError):
+        next(it)
+    closer.join()
+
+
+@pytest.mark.parametrize("loaders", ["one loader", "two loaders"])
+def test_a_real_ctrl_c_while_waiting_for_a_producer_inside_a_persistent_worker_loader(
+        loaders):
+    """From a randomized lifecycle review: on CPython 3.11 a ``Thread.join`` that a
+    Ctrl-C interrupts can mark the still-running thread as stopped (cpython#90882);
+    the next ``iter()`` then took the old producer for gone and reset the
+    DataLoader's iterator under it (torch: "Invalid iterator state", every time).
+    pingpong now waits on the producer's own exit mark: the next pass is whole."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    source = _persistent_source(SlowItems(0.3))
+    features = torch.randn(8, 3)
+    first = PingPongLoader(source, features, form=_item_form, timeout=20)
+    second = first if loaders == "one loader" else PingPongLoader(
+        source, features, form=_item_form, timeout=20)
+    previous = signal.signal(signal.SIGALRM, signal.default_int_handler)
+    try:
+        kept = iter(first)  # its producer is now inside the DataLoader (0.3 s per item)
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(KeyboardInterrupt):
+            iter(second)  # ends that epoch and waits for its producer: Ctrl-C there
+        assert _exact_items(_iter_once_the_source_is_free(first), features) == list(range(8))
+        with pytest.raises((pingpong.EpochSupersededError, pingpong.LoaderClosedError)):
+            next(kept)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        first.close()
+        second.close()
+
+
 def test_interpreter_exit_with_a_live_iterator():
     """No "Fatal Python error", the expected exit status, and a prompt exit.
 
@@ -853,6 +1018,22 @@ def test_two_loaders_over_one_shared_iterator_source_take_turns_loudly(kind):
         assert _exact_items(iter(second), features) == list(range(8))
 
 
+def test_two_loaders_over_a_datapipe_loader_with_workers_run_side_by_side():
+    """From a review: a ``DataLoader`` over a datapipe *with* workers (not
+    persistent) sends each pass its own copy of the datapipe, and plain torch
+    runs two passes side by side; so do two loaders over it (``zip``), exact."""
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    source = torch.utils.data.DataLoader(IterableWrapper(range(8)), batch_size=1,
+                                         num_workers=1)
+    features = torch.randn(8, 3)
+    with PingPongLoader(source, features, form=_item_form, timeout=20) as first, \
+            PingPongLoader(source, features, form=_item_form, timeout=20) as second:
+        pairs = [(int(a.item), int(b.item)) for a, b in zip(first, second, strict=True)
+                 if torch.equal(a.x, features[a.item]) and torch.equal(b.x, features[b.item])]
+    assert pairs == [(i, i) for i in range(8)]
+
+
 class _StallOncePipe(torch.utils.data.IterDataPipe):
     """Items 0..7 as datapipe; item 2 stalls ``stall_s`` once, when armed."""
 
@@ -869,22 +1050,26 @@ class _StallOncePipe(torch.utils.data.IterDataPipe):
 
 
 @pytest.mark.parametrize("next_pass", ["same loader", "another loader"])
-def test_a_datapipe_starts_the_next_pass_under_a_stuck_ended_producer(next_pass):
-    """Unlike a persistent-worker DataLoader (``SourceBusyError``), a datapipe's new
-    iterator leaves the ended epoch's producer to finish its last step alone (it
-    delivers nothing more): the next pass starts, whole and exact."""
-    pipe = _StallOncePipe(stall_s=8.0)
+def test_no_new_pass_of_a_datapipe_under_a_stuck_ended_producer(next_pass):
+    """From a review: a datapipe's ``reset()`` rebinds state (a shuffle buffer) that
+    the ended epoch's producer, stuck inside a step, writes into once the step
+    returns: a new pass started under it delivered an item twice and lost one.
+    As for a persistent-worker DataLoader: ``SourceBusyError``, nothing started,
+    and once that producer has left, the next pass is whole and exact."""
+    stalls = _StallOncePipe(stall_s=6.0)
+    pipe = stalls.shuffle(buffer_size=4)
     features = torch.randn(8, 3)
     with PingPongLoader(pipe, features, form=_item_form, timeout=1.0) as first, \
             PingPongLoader(pipe, features, form=_item_form, timeout=20) as second:
-        pipe.armed = True
+        stalls.armed = True
         with pytest.raises(pingpong.BatchTimeoutError):
             for _batch in first:
                 pass
-        started = time.monotonic()
         loader = first if next_pass == "same loader" else second
-        assert _exact_items(iter(loader), features) == list(range(8))
-        assert time.monotonic() - started < 7.0  # not after the stalled step (2 s waits)
+        with pytest.raises(pingpong.SourceBusyError, match="datapipe"):
+            iter(loader)
+        assert sorted(_exact_items(_iter_once_the_source_is_free(loader), features)) == \
+            list(range(8))
 
 
 def test_a_kept_iterator_of_an_earlier_loader_does_not_block_the_next_one():
@@ -974,7 +1159,7 @@ def test_a_second_loader_waits_for_the_first_ones_ended_producer():
         dataset.delay[0] = 6.0  # longer than the 2 s wait
         epoch = iter(first)
         del epoch  # ended, its producer inside a 6 s item
-        with pytest.raises(pingpong.SourceBusyError, match="still inside the DataLoader"):
+        with pytest.raises(pingpong.SourceBusyError, match="still inside the source"):
             iter(second)
         dataset.delay[0] = 0.0
         assert _exact_items(_iter_once_the_source_is_free(second), features) == list(range(8))

@@ -1039,7 +1039,7 @@ def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, An
         from pingpong import _epoch
         from pingpong import loader as loader_module
 
-        loader_module._close = lambda core, watch: None  # type: ignore[assignment]
+        loader_module._close = lambda *args, **kwargs: None  # type: ignore[assignment]
         _epoch.EpochIterator.__del__ = lambda self: None  # type: ignore[method-assign]
     feat, label, truth, train, val = train_and_val_sources(tr, part_dir)
     check = truth.batch
