@@ -27,7 +27,7 @@ from ._lifecycle import (
     register_epoch,
 )
 from ._producer import Delivery, Failure, Message, produce
-from ._threads import ExitMark, run_marking_exit
+from ._threads import Latch, run_marking_exit
 from .batch import LeasedBatch
 from .cache import FeatureCache
 from .devices.base import Device
@@ -124,17 +124,15 @@ class Epoch:
         self.ready_q: queue.SimpleQueue[Message | _Wakeup] = queue.SimpleQueue()
         self.stop = threading.Event()
         self.write_lock = threading.Lock()
-        # Held until the producer has called iter(source) (or left without): a
-        # plain lock, not an Event, so Ctrl-C in the wait is a clean KeyboardInterrupt
-        # (Event.wait runs Python-level Condition code, like Queue.get, see above).
-        self._source_started = threading.Lock()
-        self._source_started.acquire()
-        #: the producer's own record of its exit (not Thread.join: see ExitMark)
-        self.exit_mark = ExitMark()
+        # Set once the producer has called iter(source) (or left without); a
+        # Latch, not an Event, for a clean Ctrl-C in the wait (see Latch).
+        self._source_started = Latch()
+        #: set by the producer as its thread's last step (not Thread.join: see Latch)
+        self.producer_exited = Latch()
         self.thread = threading.Thread(
             target=run_marking_exit,
             args=(
-                self.exit_mark,
+                self.producer_exited,
                 produce,
                 source,
                 store,
@@ -203,8 +201,7 @@ class Epoch:
                     "thread may hold)" if self.takes_rpc_turns
                     else "the source's iter() did not return")
             for wait in self._polls(start, what):
-                if self._source_started.acquire(timeout=wait):
-                    self._source_started.release()
+                if self._source_started.wait(wait):
                     return
                 if self.state is not EpochState.RUNNING or not self.producer_alive():
                     return  # next() says why
@@ -384,7 +381,7 @@ class Epoch:
 
     def producer_alive(self) -> bool:
         """The producer thread started and has not left yet (by its own mark)."""
-        return self.thread.is_alive() and not self.exit_mark.exited
+        return self.thread.is_alive() and not self.producer_exited.is_set()
 
     def retire(self, join_s: float) -> None:
         """Wait until the ended epoch's producer writes nothing more; join it.
@@ -405,7 +402,7 @@ class Epoch:
             return
         with self.write_lock:
             pass  # a fill in flight finishes; the producer re-checks `stop` before the next
-        if not self.exit_mark.wait(join_s):
+        if not self.producer_exited.wait(join_s):
             log = logger.warning if join_s >= join_timeout() else logger.debug
             log(
                 "%s is still blocked inside the source after %.1f s; it will write "

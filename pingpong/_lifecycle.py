@@ -64,7 +64,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import _rpc
-from ._threads import ExitMark, join_within
+from ._threads import Latch, join_within
 from .errors import EpochSupersededError, LoaderClosedError, SourceBusyError
 
 if TYPE_CHECKING:
@@ -245,7 +245,7 @@ def _wait_for_rpc_client(timeout: float) -> None:
 # running thread stays reachable through ``threading``) and to the epoch, and
 # the producer's exit mark (alive: the thread is, and has not marked its exit).
 _shared_sources: weakref.WeakKeyDictionary[
-    object, tuple[weakref.ref[threading.Thread], weakref.ref[Epoch], ExitMark]] = (
+    object, tuple[weakref.ref[threading.Thread], weakref.ref[Epoch], Latch]] = (
     weakref.WeakKeyDictionary())
 _shared_sources_lock = threading.Lock()
 
@@ -260,35 +260,45 @@ def _start_claiming(source: object | None, epoch: Epoch) -> None:
     earlier loader) is ended as superseded -- its iterator then raises
     :class:`EpochSupersededError`, as for two ``iter()`` of one loader -- and
     its producer is waited for, up to ``JOIN_TIMEOUT_S``; one still inside the
-    source then is :class:`SourceBusyError`, with ``epoch`` not started.  The
-    loader's own previous epoch has been retired before this is called.
+    source then is :class:`SourceBusyError`, with ``epoch`` not started.  An
+    epoch that another thread's ``iter()`` started over ``source`` during that
+    wait is superseded in turn (the last ``iter()`` wins).  The loader's own
+    previous epoch has been retired before this is called.
     """
     if source is None or not _can_key(source):
         epoch.start()
         return
-    waited = False
+    waited_for: Latch | None = None  # the exit of the producer last waited for
     while True:
         with _shared_sources_lock:
             record = _shared_sources.get(source)
             thread = record[0]() if record is not None else None
             other = record[1]() if record is not None else None
-            if thread is None or record is None or not thread.is_alive() or record[2].exited:
+            if thread is None or record is None or not thread.is_alive() or record[2].is_set():
                 _shared_sources[source] = (weakref.ref(epoch.thread), weakref.ref(epoch),
-                                           epoch.exit_mark)
+                                           epoch.producer_exited)
                 epoch.start()  # under the lock: no other claim sees it unstarted
                 return
-        if waited:
-            raise SourceBusyError(
-                f"another PingPongLoader's epoch over this source ended, but its "
-                f"producer ({thread.name}) is still inside the source after "
-                f"{JOIN_TIMEOUT_S:.1f} s, and the source's iter() ends or resets the "
-                f"iterator both would read ({SHARED_ITERATOR_SOURCES}): a new pass now "
-                "would lose or share its items.  Nothing was started; call iter() again "
-                "once the source returns")
+        if record[2] is waited_for:  # the same producer, still inside after the wait
+            raise _source_busy_error("another PingPongLoader's epoch over this source",
+                                    thread.name)
+        # A producer not waited for yet: the record's first, or an epoch that a
+        # racing iter() on another thread started while this one waited.
         if other is not None:
             other.end(EpochState.SUPERSEDED)
-        record[2].wait(JOIN_TIMEOUT_S)  # not thread.join: see ExitMark
-        waited = True
+        record[2].wait(JOIN_TIMEOUT_S)  # not thread.join: see Latch
+        waited_for = record[2]
+
+
+def _source_busy_error(whose_epoch: str, producer: str) -> SourceBusyError:
+    """``iter()`` refused: ``whose_epoch`` ended, but its ``producer`` thread is still
+    inside a source whose ``iter()`` ends or resets the iterator it is in."""
+    return SourceBusyError(
+        f"{whose_epoch} ended, but its producer ({producer}) is still inside the "
+        f"source after {JOIN_TIMEOUT_S:.1f} s, and the source's iter() ends or resets "
+        f"the iterator both would read ({SHARED_ITERATOR_SOURCES}): a new pass now "
+        "would lose or share its items.  Nothing was started; call iter() again once "
+        "the source returns")
 
 
 def _can_key(source: object) -> bool:
@@ -342,12 +352,8 @@ class LoaderCore:
                 previous.retire(JOIN_TIMEOUT_S)
                 previous.hand_back_lease()
                 if previous.producer_alive() and self.shared_iterator_source is not None:
-                    raise SourceBusyError(
-                        f"{previous.thread.name} is still inside the source after "
-                        f"{JOIN_TIMEOUT_S:.1f} s, and the source's iter() would reset the "
-                        f"iterator it is in ({SHARED_ITERATOR_SOURCES}): a "
-                        "new pass now would lose or share its items.  Nothing was "
-                        "started; call iter() again once the source returns")
+                    raise _source_busy_error("this PingPongLoader's previous epoch",
+                                            previous.thread.name)
             self.epoch = None
             epoch = self.epoch = self._make_epoch()
             try:

@@ -26,6 +26,7 @@ from . import _rpc
 from ._ids import TableIds, batch_ids
 from ._producer_nice import lower_this_thread_priority
 from ._sampler_threads import dgl_threads_of_this_thread, limit_dgl_threads
+from ._threads import Latch
 from .cache import FeatureCache
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
@@ -143,7 +144,7 @@ def produce(
     rpc_lock: threading.Lock | None = None,
     sample_ahead: bool = False,
     cpus: frozenset[int] | None = None,
-    source_started: threading.Lock | None = None,
+    source_started: Latch | None = None,
     sampler_threads: int | None = None,
     producer_nice: int = 0,
 ) -> None:
@@ -167,7 +168,7 @@ def produce(
     and ``iter(source)``, so that threads it starts inherit it
     (:mod:`pingpong._producer_nice`).
 
-    ``source_started``, a lock the caller holds, is released exactly once: when
+    ``source_started`` is set exactly once: when
     ``iter(source)`` has returned or raised, or the thread leaves before calling
     it (stopped, or its set-up failed).  ``iter(loader)`` waits for it, so each
     ``iter(loader)`` calls ``iter(source)`` once, before it returns, as the
@@ -221,7 +222,7 @@ def produce(
                 stats.add(sample_s=time.perf_counter() - t_iter)
             finally:
                 if source_started is not None:
-                    source_started.release()
+                    source_started.set()
             prepare = functools.partial(_prepare_next, iterator, store=store, reader=reader,
                                         device=device, stop=stop, poll_s=poll_s,
                                         health=check, rpc_lock=rpc_lock)

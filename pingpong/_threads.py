@@ -1,5 +1,6 @@
 """Waiting for threads: a group against one deadline (the exit hooks' wait), and
-one producer thread's exit, safely under Ctrl-C (:class:`ExitMark`)."""
+one-shot signals that a producer thread sets and other threads wait for safely
+under Ctrl-C (:class:`Latch`: the producer's exit, its source's start)."""
 
 from __future__ import annotations
 
@@ -8,44 +9,53 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["ExitMark", "join_within", "run_marking_exit"]
+__all__ = ["Latch", "join_within", "run_marking_exit"]
 
 
-class ExitMark:
-    """Whether a thread has left its target, set by that thread (:func:`run_marking_exit`).
+class Latch:
+    """A one-shot signal: set once, by one thread; waited for by any number.
 
-    What pingpong asks of its producer threads instead of ``Thread.join`` and
-    ``Thread.is_alive`` alone: in CPython 3.11 a ``join`` that Ctrl-C interrupts
-    can mark a thread that is still running as stopped (cpython#90882), and a
-    new pass then started under the old producer (a persistent-worker
-    DataLoader: "Invalid iterator state").  :meth:`wait` is a plain lock's
-    timed acquire, clean under Ctrl-C (``Event.wait`` runs Python-level
-    ``Condition`` code); ``exited`` stays true however a wait was interrupted.
+    What pingpong uses instead of ``threading.Event`` (and, for a producer's
+    exit, instead of ``Thread.join`` and ``Thread.is_alive`` alone):
+
+    - :meth:`wait` is a plain lock's timed acquire, so a Ctrl-C in it is a clean
+      ``KeyboardInterrupt``; ``Event.wait`` runs Python-level ``Condition``
+      code that an interrupt can leave half done;
+    - in CPython 3.11 a ``join`` that Ctrl-C interrupts can mark a thread that
+      is still running as stopped (cpython#90882), and a new pass then started
+      under the old producer (a persistent-worker DataLoader: "Invalid iterator
+      state").  A producer's exit is therefore a latch the producer sets itself
+      (:func:`run_marking_exit`), and :meth:`is_set` stays true however a wait
+      was interrupted.
     """
 
     def __init__(self) -> None:
-        self.exited = False
-        self._running = threading.Lock()
-        self._running.acquire()
+        self._set = False
+        self._unset = threading.Lock()
+        self._unset.acquire()
 
-    def mark(self) -> None:
-        """The thread's last step (once)."""
-        self.exited = True
-        self._running.release()
+    def set(self) -> None:
+        """Set the latch; at most once."""
+        self._set = True
+        self._unset.release()
+
+    def is_set(self) -> bool:
+        """Whether :meth:`set` has run."""
+        return self._set
 
     def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for :meth:`mark`; whether it ran."""
-        if not self.exited and self._running.acquire(timeout=max(0.0, timeout)):
-            self._running.release()
-        return self.exited
+        """Wait up to ``timeout`` seconds for :meth:`set`; whether it has run."""
+        if not self._set and self._unset.acquire(timeout=max(0.0, timeout)):
+            self._unset.release()
+        return self._set
 
 
-def run_marking_exit(mark: ExitMark, target: Callable[..., Any], *args: Any) -> None:
-    """A thread's target: ``target(*args)``, then ``mark.mark()`` however it ends."""
+def run_marking_exit(exited: Latch, target: Callable[..., Any], *args: Any) -> None:
+    """A thread's target: ``target(*args)``, then ``exited.set()`` however it ends."""
     try:
         target(*args)
     finally:
-        mark.mark()
+        exited.set()
 
 
 def join_within(threads: Iterable[threading.Thread], budget_s: float) -> list[threading.Thread]:

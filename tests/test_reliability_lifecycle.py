@@ -1072,6 +1072,61 @@ def test_no_new_pass_of_a_datapipe_under_a_stuck_ended_producer(next_pass):
             list(range(8))
 
 
+class _GatedPipe(torch.utils.data.IterDataPipe):
+    """Items 0..15 as a datapipe; item 2 waits for ``gate`` once, when armed."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.armed = False
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for i in range(16):
+            if i == 2 and self.armed:
+                self.armed = False
+                self.gate.wait(30)
+            yield torch.tensor([i])
+
+
+def test_two_threads_claiming_a_shared_source_at_once_follow_the_last_iter_rule():
+    """From session 40's note: two threads call ``iter()`` on two loaders over one
+    datapipe while a third loader's producer is inside it; both wait for it, and
+    once it leaves, the first to go on starts its epoch.  The other refused that
+    fresh epoch with ``SourceBusyError`` ("still inside the source after 2.0 s",
+    though neither had been).  Now it supersedes it, as any later ``iter()`` does:
+    one pass is whole and exact, the other raises ``EpochSupersededError``."""
+    pipe = _GatedPipe()
+    features = torch.randn(16, 3)
+    loaders = [PingPongLoader(pipe, features, form=_item_form, timeout=20)
+               for _ in range(3)]
+    try:
+        stuck = iter(loaders[0])
+        pipe.armed = True
+        assert int(next(stuck).item) == 0  # the producer goes on to item 2 and waits
+        outcomes: dict[int, object] = {}
+
+        def claim_and_read(k: int) -> None:
+            try:
+                outcomes[k] = _exact_items(iter(loaders[k]), features)
+            except Exception as exc:  # noqa: BLE001 -- the outcome under test
+                outcomes[k] = type(exc).__name__
+
+        claimers = [threading.Thread(target=claim_and_read, args=(k,)) for k in (1, 2)]
+        for claimer in claimers:
+            claimer.start()
+        time.sleep(0.5)  # both wait for the stuck producer (2 s at most)
+        pipe.gate.set()
+        for claimer in claimers:
+            claimer.join(30)
+        assert sorted(map(str, outcomes.values())) == \
+            ["EpochSupersededError", str(list(range(16)))]
+        with pytest.raises(pingpong.EpochSupersededError):
+            next(stuck)
+    finally:
+        pipe.gate.set()
+        for loader in loaders:
+            loader.close()
+
+
 def test_a_kept_iterator_of_an_earlier_loader_does_not_block_the_next_one():
     """Found in review: ``it = iter(PingPongLoader(dl))`` each epoch, left early --
     the earlier epoch is still running (its iterator kept in ``it``) when the
