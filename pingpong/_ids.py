@@ -16,15 +16,18 @@ _TORCH_ID_DTYPES = (torch.int32, torch.int64)
 
 
 def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
-    """Return ``ids`` as a validated 1-D int32/int64 NumPy array on the host that is
-    C-contiguous and writeable.
+    """Return ``ids`` as a validated 1-D int32/int64 NumPy array on the host: a
+    private copy, C-contiguous and writeable.
 
-    Accepts a torch tensor (any device; a device tensor is copied to the host)
-    or a NumPy array.  Shares memory with a CPU tensor or array that already is
-    contiguous and writeable; otherwise returns a contiguous copy (a strided view
-    such as ``ids[::-1]``, a read-only array): every consumer -- ``torch.from_numpy``
-    in the CPU fallback, a row source's fetch, the CUDA id staging -- can take it
-    as it is (``torch.from_numpy`` refuses negative strides and warns on read-only
+    Accepts a torch tensor (any device) or a NumPy array.  Always a copy, never
+    memory the caller can still write: the ids are checked here, when the batch
+    is sampled, and gathered later -- the batch may wait for a free slot while
+    the training loop runs -- so a write to them in between (a source that
+    yields one id tensor again, and a loop that edits ``batch.input_nodes`` in
+    place) must not reach the kernels, which do not check again.  Contiguous
+    and writeable, every consumer -- ``torch.from_numpy`` in the CPU fallback,
+    a row source's fetch, the CUDA id staging -- can take it as it is
+    (``torch.from_numpy`` refuses negative strides and warns on read-only
     arrays).  Never reads a table.
 
     Raises:
@@ -48,7 +51,9 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
         if ids.is_neg():  # its memory holds the negated values
             ids = ids.resolve_neg()
         # integer tensors never require grad; .numpy() is 2-3x cheaper than .cpu().numpy()
-        array = ids.numpy() if ids.is_cpu else ids.cpu().numpy()
+        if not ids.is_cpu:
+            return _checked(np.ascontiguousarray(ids.cpu().numpy()), num_rows, name)  # a copy
+        array = ids.numpy()
     elif isinstance(ids, np.ndarray):
         if isinstance(ids, np.ma.MaskedArray):
             raise IdTypeError(f"{name} is a NumPy masked array, whose masked entries are "
@@ -63,12 +68,17 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
         )
     else:
         raise IdTypeError(f"{name} must be a torch.Tensor or numpy array, got {type(ids).__name__}")
-    if not (array.flags.c_contiguous and array.flags.writeable):
-        # A copy, which is both -- before the range check, whose Numba kernel the
-        # warm-up compiled for such arrays only (no compilation while a batch waits).
-        array = np.array(array, order="C")
-    check_id_range(array, num_rows, name)
-    return array
+    # The copy comes before the range check, whose Numba kernel the warm-up
+    # compiled for C-contiguous writeable arrays only (no compilation while a
+    # batch waits).
+    return _checked(np.array(array, order="C"), num_rows, name)
+
+
+def _checked(own_copy: np.ndarray, num_rows: int, name: str) -> np.ndarray:
+    """``own_copy`` (a C-contiguous writeable array no caller holds), once its
+    values are checked against ``[0, num_rows)``."""
+    check_id_range(own_copy, num_rows, name)
+    return own_copy
 
 
 #: Validated ids per table key: what each feature / label table is gathered with.

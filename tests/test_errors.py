@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import traceback
@@ -93,6 +94,44 @@ def test_bad_id_never_reaches_the_slot():
             next(it)
         assert torch.equal(slot_a, features[50:58])
         assert torch.equal(slot_b, features[60:68])
+
+
+def _wait_until_the_producer_waits_for_a_slot() -> None:
+    """Until a pingpong producer thread is inside ``_take_free_slot``: its batch
+    is sampled and its ids checked, and only the gather is still to come."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for thread in threading.enumerate():
+            if thread.name.startswith("pingpong-producer-") and thread.ident is not None:
+                frame = sys._current_frames().get(thread.ident)
+                while frame is not None:
+                    if frame.f_code.co_name == "_take_free_slot":
+                        return
+                    frame = frame.f_back
+        time.sleep(0.01)
+    raise AssertionError("the producer never waited for a slot")
+
+
+def test_ids_written_after_their_check_are_not_what_is_gathered():
+    """From a code review: a batch's ids were checked when it was sampled but read
+    again from the source's own tensor when gathered, after waiting for a slot.
+    A source that yields one id tensor again and a loop that edits
+    ``batch.input_nodes`` in place then reached the kernels, which do not check
+    again, with ids never checked (out of range: garbage rows, or a segfault).
+    Now each batch is gathered at a private copy of the ids that were checked."""
+    features = torch.arange(1000 * 4, dtype=torch.float32).reshape(1000, 4)
+    ids = torch.arange(512)
+    source = [(ids, ids[:1], None)] * 4
+    with PingPongLoader(source, features, num_buffers=2) as loader:
+        it = iter(loader)
+        first = next(it)
+        assert torch.equal(first.x, features[:512])
+        # batch 1 waits in the ready queue, batch 2 (ids 0..511, checked) for a slot
+        _wait_until_the_producer_waits_for_a_slot()
+        first.input_nodes.add_(400)  # the loop edits the ids it was given: 400..911
+        assert torch.equal(next(it).x, features[:512])
+        assert torch.equal(next(it).x, features[:512])  # gathered at the ids as checked
+        assert torch.equal(next(it).x, features[400:912])  # sampled after the edit
 
 
 class NumpyTyped:
