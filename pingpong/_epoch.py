@@ -293,13 +293,9 @@ class Epoch:
 
     def _hand_back_held(self) -> None:
         """``next()``: the held slot goes back to this epoch's producer."""
-        with self._lock:
-            lease, self.lease = self.lease, None
-        if lease is not None:
-            events = lease.end()
-            if events is not None:
-                lease.slot.release_events = events
-                self.free_q.put(lease.slot)
+        slot = self._end_lease()
+        if slot is not None:
+            self.free_q.put(slot)
 
     def hand_back_lease(self) -> None:
         """After the epoch ended and retired: record the held slot's release events.
@@ -307,12 +303,25 @@ class Epoch:
         Called by the loader when its next epoch starts; from then on the
         slot may be refilled, so the batch the training loop kept is invalid.
         """
+        self._end_lease()
+
+    def _end_lease(self) -> Slot | None:
+        """End the held lease, if any, and give its slot the release events; the slot.
+
+        One step under the epoch's lock: a ``next()`` on one thread ending the
+        lease while ``iter()`` on another starts the next epoch, whose producer
+        may take that slot at once, must have set the events before that
+        ``iter()`` goes on (it waited in :meth:`hand_back_lease` for the lock).
+        """
         with self._lock:
             lease, self.lease = self.lease, None
-        if lease is not None:
+            if lease is None:
+                return None
             events = lease.end()
-            if events is not None:
-                lease.slot.release_events = events
+            if events is None:
+                return None
+            lease.slot.release_events = events
+            return lease.slot
 
     def _polls(self, start: float, what: str, when: str = "") -> Iterator[float]:
         """How long each poll of a wait that began at ``start`` may block: at most

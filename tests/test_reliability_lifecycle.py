@@ -42,6 +42,7 @@ import pingpong._lifecycle as lifecycle_module
 import pingpong.devices.cpu as cpu_device_module
 import pingpong.kernels._warmup as warmup_module
 from pingpong import PingPongLoader
+from pingpong.devices.fake import FakeAsyncDevice
 
 N = 400
 SCRIPTS = Path(__file__).parent / "_subprocess_scripts"
@@ -1280,3 +1281,55 @@ def test_exit_waits_for_a_producer_inside_a_dgl_call(scenario):
     if scenario == "slow-free":
         assert "FREED" in stdout.splitlines(), stdout + stderr
     assert time.monotonic() - started < 8  # the rest of one call, not the 10 s limit
+
+
+class _SlowReleaseOnThread(FakeAsyncDevice):
+    """A fake GPU whose release-event record is slow on one named thread: that
+    thread is descheduled inside ``next()``'s hand-back of its slot."""
+
+    def __init__(self, slow_thread: str) -> None:
+        super().__init__(seed=1, max_delay_s=0.001)
+        self.slow_thread = slow_thread
+
+    def consumer_record(self, stream: Any = None) -> Any:
+        if threading.current_thread().name == self.slow_thread:
+            time.sleep(0.5)
+        return super().consumer_record(stream)
+
+
+def test_a_slot_handed_back_while_another_thread_starts_an_epoch_is_not_refilled_early():
+    """From a code review: ``next()`` on one thread took the held lease and, before
+    it gave the slot its release events, ``iter()`` on another thread started the
+    next epoch, whose ``hand_back_lease`` found no lease; its producer then
+    refilled that slot waiting only for the slot's old events -- under kernels
+    still reading it (on the fake GPU: a poisoned batch in the new epoch).  The
+    lease now ends and the events are set in one step under the epoch's lock."""
+    features = torch.randn(4096, 32)
+    batches = [(torch.randperm(4096)[:700], torch.arange(10), []) for _ in range(8)]
+    device = _SlowReleaseOnThread("training thread")
+    with PingPongLoader(batches, features, device=device, num_buffers=2) as loader:
+        first_epoch = iter(loader)
+        got_one = threading.Event()
+        outcome: list[str] = []
+
+        def train() -> None:
+            next(first_epoch)
+            got_one.set()
+            try:
+                next(first_epoch)  # hands its slot back, slowly; then superseded
+                outcome.append("delivered")
+            except pingpong.EpochSupersededError:
+                outcome.append("superseded")
+
+        trainer = threading.Thread(target=train, name="training thread")
+        trainer.start()
+        assert got_one.wait(30)
+        time.sleep(0.2)  # the training thread is inside the slow release now
+        second_epoch = iter(loader)
+        time.sleep(1.0)  # the slow release ends: on the old code, over the new batch
+        for _ in range(2):
+            batch = next(second_epoch)
+            x = device.consumer_submit(lambda batch=batch: batch.x.clone()).result()
+            assert torch.equal(x, features[batch.input_nodes])
+        trainer.join(30)
+        assert outcome in (["delivered"], ["superseded"])
