@@ -1305,7 +1305,8 @@ def test_a_slot_handed_back_while_another_thread_starts_an_epoch_is_not_refilled
     still reading it (on the fake GPU: a poisoned batch in the new epoch).  The
     lease now ends and the events are set in one step under the epoch's lock."""
     features = torch.randn(4096, 32)
-    batches = [(torch.randperm(4096)[:700], torch.arange(10), []) for _ in range(8)]
+    batches: list[tuple[torch.Tensor, torch.Tensor, list[Any]]] = [
+        (torch.randperm(4096)[:700], torch.arange(10), []) for _ in range(8)]
     device = _SlowReleaseOnThread("training thread")
     with PingPongLoader(batches, features, device=device, num_buffers=2) as loader:
         first_epoch = iter(loader)
@@ -1329,7 +1330,7 @@ def test_a_slot_handed_back_while_another_thread_starts_an_epoch_is_not_refilled
         time.sleep(1.0)  # the slow release ends: on the old code, over the new batch
         for _ in range(2):
             batch = next(second_epoch)
-            x = device.consumer_submit(lambda batch=batch: batch.x.clone()).result()
+            x = device.consumer_submit(batch.x.clone).result()
             assert torch.equal(x, features[batch.input_nodes])
         trainer.join(30)
         assert outcome in (["delivered"], ["superseded"])
