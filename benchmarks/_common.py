@@ -196,7 +196,7 @@ def machine_info() -> dict[str, Any]:
         "numba": _version("numba"),
         "pingpong": _version("pingpong"),
         "git_commit": _git_commit(),
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 

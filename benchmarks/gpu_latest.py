@@ -331,7 +331,7 @@ def build(out: Path, command: str | None = None, commit: str | None = None,
     commit = commit or machine.get("commit")
     if commit:
         result["commit"] = commit
-    date = machine.get("date") or (now or dt.datetime.now(dt.timezone.utc)).strftime(
+    date = machine.get("date") or (now or dt.datetime.now(dt.UTC)).strftime(
         "%Y-%m-%dT%H:%M:%SZ")
     result["date"] = date
     if machine.get("gpu"):  # the machine this check ran on (a report may be left from before)

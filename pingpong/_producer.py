@@ -283,11 +283,10 @@ def produce(
         if pending is None and not stop.is_set():
             ready_q.put(EndOfEpoch(seq))
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the consumer
-        if hasattr(exc, "add_note"):
-            exc.add_note(
-                f"(raised in pingpong thread {threading.current_thread().name!r} "
-                f"while preparing batch {seq}; re-raised in the training loop)"
-            )
+        exc.add_note(
+            f"(raised in pingpong thread {threading.current_thread().name!r} "
+            f"while preparing batch {seq}; re-raised in the training loop)"
+        )
         ready_q.put(Failure(exc if check is None else check.diagnosed(exc)))
 
 
@@ -339,10 +338,9 @@ class _TrackedCheck:
                 return exc
             problem.__cause__ = exc
             problem.__suppress_context__ = True
-            if hasattr(problem, "add_note"):
-                problem.add_note(
-                    f"(pingpong's health check failed after the producer's "
-                    f"{type(exc).__name__}, shown above as its cause)")
+            problem.add_note(
+                f"(pingpong's health check failed after the producer's "
+                f"{type(exc).__name__}, shown above as its cause)")
             return problem
         return exc
 
