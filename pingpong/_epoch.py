@@ -8,7 +8,6 @@ epoch, the iterator or the loader, so dropping them stops it.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import queue
@@ -131,28 +130,27 @@ class Epoch:
         self.producer_exited = Latch()
         self.thread = threading.Thread(
             target=run_marking_exit,
-            args=(
-                self.producer_exited,
-                produce,
-                source,
-                store,
-                reader,
-                device,
-                self.free_q,
-                self.ready_q,
-                self.stop,
-                self.write_lock,
-                stats,
-                POLL_S,
-                cache,
-                health,
-                rpc_lock,
-                sample_ahead,
-                producer_cpus,
-                self._source_started,
-                sampler_threads,
-                producer_nice,
-            ),
+            args=(self.producer_exited, produce),
+            kwargs={
+                "source": source,
+                "store": store,
+                "reader": reader,
+                "device": device,
+                "free_q": self.free_q,
+                "ready_q": self.ready_q,
+                "stop": self.stop,
+                "write_lock": self.write_lock,
+                "stats": stats,
+                "poll_s": POLL_S,
+                "cache": cache,
+                "health": health,
+                "rpc_lock": rpc_lock,
+                "sample_ahead": sample_ahead,
+                "cpus": producer_cpus,
+                "source_started": self._source_started,
+                "sampler_threads": sampler_threads,
+                "producer_nice": producer_nice,
+            },
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,
         )
@@ -173,8 +171,7 @@ class Epoch:
             # Ctrl-C inside Thread.start(), which waits in Python code for the new
             # thread: it may be running already.
             self.end(EpochState.FAILED)
-            with contextlib.suppress(RuntimeError):  # a thread not started has no join
-                self.retire(SHORT_JOIN_TIMEOUT_S)
+            self.retire(SHORT_JOIN_TIMEOUT_S)  # returns at once for a thread not started
             raise
 
     # -- consumer side -------------------------------------------------------
@@ -339,8 +336,9 @@ class Epoch:
             remaining = deadline - time.perf_counter()
             if remaining <= 0 and polled:
                 raise BatchTimeoutError(
-                    f"{what} within timeout={self.timeout} s{when}; the source may be "
-                    "stalled -- raise `timeout`, or pass timeout=None to wait")
+                    f"{what} within timeout={self.timeout} s{when}; the source (or a row "
+                    "source's fetch) may be stalled -- raise `timeout`, or pass "
+                    "timeout=None to wait")
             polled = True
             yield min(POLL_S, max(remaining, 0.0))
 
@@ -395,7 +393,8 @@ class Epoch:
     def retire(self, join_s: float) -> None:
         """Wait until the ended epoch's producer writes nothing more; join it.
 
-        Blocks for at most one in-flight slot fill plus ``join_s`` seconds.
+        Blocks for the slot fill in flight, if any (not bounded: a device that
+        hangs inside it hangs this too), plus at most ``join_s`` seconds.
         Idempotent.  On the producer thread itself (a finaliser run by the
         garbage collector there) it does nothing: that thread is about to
         see ``stop`` and leave; nor for a producer that never started.  Nor

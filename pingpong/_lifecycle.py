@@ -54,10 +54,10 @@ waits for itself, and no device is closed under its own producer.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import enum
 import itertools
 import logging
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -100,7 +100,8 @@ class EpochState(enum.Enum):
 
 #: the sources whose iter() ends or resets an open iterator (``loader._shares_its_iterator``)
 SHARED_ITERATOR_SOURCES = ("a DataLoader with persistent_workers=True, or a datapipe or "
-                           "a DataLoader over one, such as GraphBolt's gb.DataLoader")
+                           "a DataLoader over one, such as GraphBolt's gb.DataLoader, or "
+                           "DGL's DistNodeDataLoader")
 
 
 def ended_error(state: EpochState, delivered: int) -> BaseException:
@@ -191,9 +192,14 @@ def run_off_pingpong_threads(work: Callable[[], None]) -> None:
     closer = threading.Thread(
         target=work, name=f"pingpong-closer-{next(_closer_ids)}", daemon=True)
     _process.add_thread(closer)
-    # At interpreter shutdown no new thread starts; the process is ending anyway.
-    with contextlib.suppress(RuntimeError):
+    try:
         closer.start()
+    except RuntimeError as exc:
+        # At interpreter shutdown no new thread starts; the process is ending anyway.
+        if not sys.is_finalizing() and not _process.exiting:
+            logger.warning("pingpong: could not start a thread to close a loader (%s); "
+                           "it stays open until close() is called again or the "
+                           "process exits", exc)
 
 
 def _end_all_epochs() -> None:

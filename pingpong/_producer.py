@@ -129,6 +129,7 @@ def _prepare_next(
 
 
 def produce(
+    *,
     source: Iterable[Any],
     store: FeatureStore,
     reader: ItemReader,

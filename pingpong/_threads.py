@@ -50,10 +50,12 @@ class Latch:
         return self._set
 
 
-def run_marking_exit(exited: Latch, target: Callable[..., Any], *args: Any) -> None:
-    """A thread's target: ``target(*args)``, then ``exited.set()`` however it ends."""
+def run_marking_exit(exited: Latch, target: Callable[..., Any], *args: Any,
+                     **kwargs: Any) -> None:
+    """A thread's target: ``target(*args, **kwargs)``, then ``exited.set()`` however
+    it ends."""
     try:
-        target(*args)
+        target(*args, **kwargs)
     finally:
         exited.set()
 

@@ -70,7 +70,8 @@ class PingPongLoader(Iterable[Any]):
         device: where batches are delivered: ``"cpu"`` or ``"cuda[:k]"``, or a
             :class:`~pingpong.devices.Device` instance (such as the tests'
             :class:`~pingpong.devices.fake.FakeAsyncDevice`), which the loader
-            then owns: ``close()`` closes it.
+            then owns: ``close()`` closes it; ``gather_threads`` and ``sort_ids``
+            configure a device the loader makes and are refused with one given.
         num_buffers: number of slots (>= 2).  The producer runs at most
             ``num_buffers - 1`` batches ahead of the training loop.
         gather: ``"auto" | "cpu" | "zerocopy" | "staged" | "device"``; ``auto`` is
@@ -83,8 +84,9 @@ class PingPongLoader(Iterable[Any]):
             noticed).  The next ``iter()`` waits up to 2 s for the
             producer still inside the source, then starts the new pass -- or,
             for a ``DataLoader`` with ``persistent_workers=True`` or a
-            datapipe such as GraphBolt's ``gb.DataLoader`` (its ``iter()``
-            ends or resets the iterator that producer is in), raises
+            datapipe such as GraphBolt's ``gb.DataLoader``, or DGL's
+            ``DistNodeDataLoader`` (its ``iter()`` ends or resets the iterator
+            that producer is in), raises
             :class:`~pingpong.errors.SourceBusyError` instead.
         gather_threads: Numba threads the CPU gather uses in the producer thread
             (default: half the cores).  The training loop's torch threads are
@@ -238,6 +240,9 @@ class PingPongLoader(Iterable[Any]):
             raise ConfigError(f"source must be iterable, got {type(source).__name__}")
         seeds = dgl_loader_seeds(source)  # a DistNodeDataLoader's before it is wrapped
         check_dgl_loader_seeds(source, seeds)
+        # What another loader's iter() over it would end or reset: the DGL loader
+        # itself, never the wrapper each loader builds around it below.
+        shared_iterator_source = source if _shares_its_iterator(source) else None
         if isinstance(source, Iterator):
             restartable = restartable_dgl_loader(source)  # DistNodeDataLoader & co.
             if restartable is None:
@@ -300,6 +305,7 @@ class PingPongLoader(Iterable[Any]):
             int(producer_nice) if producer_nice is not None
             else 0 if has_dgl_client() else self._device.default_producer_nice
         )
+        watch: ServerWatch | None = None
         try:
             if self._producer_nice or cpus is not None:
                 # Numba's process-wide pools at this thread's priority, the producer's CPUs
@@ -311,17 +317,28 @@ class PingPongLoader(Iterable[Any]):
             )
             if self._cache is not None:
                 self._cache.build_if_ready(self._device)  # hot_ids: before the first batch
+            self._sampler_threads = (self._device.default_sampler_threads
+                                     if sampler_threads is None else int(sampler_threads))
+            # None unless this is a DistDGL client
+            watch = self._server_watch = dgl_server_watch()
+            self._stats = LoaderStats()
+            self._timeout = None if timeout is None else float(timeout)
+            self._debug = bool(debug)
+            self._name = str(next(_loader_ids))
+            self._core = self._make_core(reader, cpus, health_check, shared_iterator_source)
         except BaseException:
-            self._device.close()  # no finaliser exists yet to release it
+            # No finaliser exists yet to release them.
+            if watch is not None:
+                watch.close()
+            self._device.close()
             raise
-        self._sampler_threads = (self._device.default_sampler_threads
-                                 if sampler_threads is None else int(sampler_threads))
-        self._server_watch = dgl_server_watch()  # None unless this is a DistDGL client
+        self._finalizer = weakref.finalize(self, _close, self._core, self._server_watch)
+
+    def _make_core(self, reader: ItemReader, cpus: frozenset[int] | None,
+                   health_check: Callable[[], None] | None,
+                   shared_iterator_source: object | None) -> LoaderCore:
+        """The lifecycle (:mod:`pingpong._lifecycle`): what starts each epoch."""
         health = _combine_checks(self._server_watch, health_check)
-        self._stats = LoaderStats()
-        self._timeout = None if timeout is None else float(timeout)
-        self._debug = bool(debug)
-        self._name = str(next(_loader_ids))
         # The lifecycle (pingpong._lifecycle) lives in the core; the finaliser
         # holds the core, not the loader, and runs once no iterator is left
         # (every iterator keeps its loader alive).
@@ -353,10 +370,8 @@ class PingPongLoader(Iterable[Any]):
                 cache.build_if_ready(device)
             return new_epoch()
 
-        self._core = LoaderCore(start_epoch, self._device,
-                                shared_iterator_source=(source if _shares_its_iterator(source)
-                                                        else None))
-        self._finalizer = weakref.finalize(self, _close, self._core, self._server_watch)
+        return LoaderCore(start_epoch, self._device,
+                          shared_iterator_source=shared_iterator_source)
 
     # -- iteration -----------------------------------------------------------
     def __iter__(self) -> EpochIterator:
@@ -530,9 +545,16 @@ def _shares_its_iterator(source: Any) -> bool:
       -- the old one raises, or, behind GraphBolt's ``copy_to`` prefetcher,
       just stops -- and ``reset()`` rebinds state (a shuffle buffer) that the
       old one, woken inside a step, would write into.  With workers (not
-      persistent) each pass sends its own copy of the datapipe to them.
+      persistent) each pass sends its own copy of the datapipe to them;
+    - an iterator whose ``iter()`` resets and returns itself (DGL's
+      ``DistNodeDataLoader`` and ``DistDataLoader``, the only iterators a
+      loader accepts).
+
+    A ``num_workers`` that is not an int counts as none.
     """
-    workers = int(getattr(source, "num_workers", 0) or 0)
+    if isinstance(source, Iterator):
+        return True
+    workers = integer(getattr(source, "num_workers", 0)) or 0
     if workers > 0:
         return bool(getattr(source, "persistent_workers", False))
     return isinstance(source, IterDataPipe) or \

@@ -19,7 +19,7 @@ gathered in place by the kernels.
 
 The producer thread fetches each batch's rows from a row source *before* it
 takes a slot -- so a slow fetch overlaps training like sampling does, and a
-stuck one never holds a slot or blocks ``close()`` -- then copies them into
+stuck one never holds a slot (``close()`` waits for it at most 2 s) -- then copies them into
 the slot (on CUDA through a pinned staging buffer on the copy stream; rows held
 locally: see below).  Ids
 are checked against ``N`` before any fetch, and a table with no ids in a batch
@@ -28,6 +28,15 @@ training loop with its original exception; a fetch that returns the wrong
 shape or dtype, or rows that require grad (pingpong's copies are outside
 autograd: such a source would never train), raises
 :class:`~pingpong.errors.TableError`.
+
+**One call at a time.**  pingpong calls a row source from one thread at a time,
+as a plain loop would -- also when several loaders read it (``zip`` of two
+loaders, an evaluation loop nested in training) and when a new epoch starts
+while the last one's fetch is still stuck (the new fetch waits for it, under the
+loader's ``timeout=``): the calls to one source object take turns.  So a source
+need not be thread-safe.  The rows it returns are copied before its next call
+through the same loader, but a call for another loader may come first: return
+rows the source will not write again (a new tensor per call, as indexing does).
 
 **Rows held locally are read in place.**  A row source may say which of its
 rows live in this process's memory, the way a ``DistTensor`` does:
@@ -72,10 +81,13 @@ reason is logged).  To opt out, pass an object that forwards ``shape``,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import operator
-from dataclasses import dataclass, replace
+import threading
+import weakref
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -222,6 +234,10 @@ class RemoteTable:
     row_shape: tuple[int, ...]
     dtype: torch.dtype
     local: LocalPart | None = None
+    #: taken around every call to ``source[ids]``: one per source object, shared
+    #: by every loader that reads it (:func:`call_lock_for`)
+    call_lock: threading.Lock = field(default_factory=threading.Lock, compare=False,
+                                      repr=False)
 
     @property
     def row_bytes(self) -> int:
@@ -259,7 +275,9 @@ class RemoteTable:
             return torch.empty((0, *self.row_shape), dtype=self.dtype)
         # A copy: a source that changes the ids it is given (global to local, in
         # place) must not change the batch's ids or the other tables' gathers.
-        rows = self.source[torch.tensor(ids, dtype=torch.int64)]
+        id_tensor = torch.tensor(ids, dtype=torch.int64)
+        with self.call_lock:  # one call at a time per source object (module docstring)
+            rows = self.source[id_tensor]
         want = (len(ids), *self.row_shape)
         if not isinstance(rows, torch.Tensor):
             raise TableError(
@@ -349,9 +367,36 @@ def make_remote_table(value: Any, name: str) -> RemoteTable:
         raise TableError(f"{name} must have at least 1 dimension (rows), got shape {shape}")
     if shape[0] == 0 or math.prod(shape) == 0:
         raise TableError(f"{name} is empty (shape {shape})")
-    table = RemoteTable(name, value, shape[0], shape[1:], dtype)
+    table = RemoteTable(name, value, shape[0], shape[1:], dtype, call_lock=call_lock_for(value))
     local = find_local_part(table)
     return table if local is None else replace(table, local=local)
+
+
+#: The call lock of each row source object alive, by ``id()`` (see :func:`call_lock_for`).
+_call_locks: dict[int, threading.Lock] = {}
+_call_locks_lock = threading.Lock()
+
+
+def call_lock_for(source: Any) -> threading.Lock:
+    """The one lock around calls to ``source[ids]``, shared by every loader that reads
+    ``source``.  Kept while ``source`` lives (a source that takes no weak reference:
+    for the process, and an object later given its ``id()`` shares it -- harmless,
+    it only takes turns with nothing)."""
+    key = id(source)
+    with _call_locks_lock:
+        lock = _call_locks.get(key)
+        if lock is not None:
+            return lock
+        lock = _call_locks[key] = threading.Lock()
+    with contextlib.suppress(TypeError):  # TypeError: no weak references to it
+        weakref.finalize(source, _forget_call_lock, key, lock)
+    return lock
+
+
+def _forget_call_lock(key: int, lock: threading.Lock) -> None:
+    with _call_locks_lock:
+        if _call_locks.get(key) is lock:
+            del _call_locks[key]
 
 
 def find_local_part(table: RemoteTable) -> LocalPart | None:

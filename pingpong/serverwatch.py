@@ -102,21 +102,26 @@ class ServerWatch:
 
     @classmethod
     def of_connections(cls: type[_Watch], servers: Iterable[Server]) -> _Watch:
-        """Watch every ESTABLISHED TCP connection of this process to one of ``servers``.
+        """Watch every TCP connection of this process to one of ``servers``.
+
+        A connection that is no longer ESTABLISHED is watched too: its server
+        closed it (a server that died while nothing was sending: ``CLOSE_WAIT``),
+        so the watch's first :meth:`check` raises -- rather than no watch, and DGL
+        aborting the process at its first send.
 
         Raises :class:`~pingpong.ServerGoneError` (a ``ConnectionError``) naming a
-        server this process has no
-        established connection to (so the caller can decide to watch the others).
+        server this process has no TCP connection to at all (so the caller can
+        decide to watch the others).
         """
         conns = _tcp_connections()
         found = {server: [c for c in conns
                           if c.raddr and (c.raddr.ip, c.raddr.port) == (server.ip, server.port)
-                          and c.status == psutil.CONN_ESTABLISHED and c.fd >= 0]
+                          and c.fd >= 0]
                  for server in servers}
         missing = [server for server, server_conns in found.items() if not server_conns]
         if missing:
             names = ", ".join(f"{s.label} ({s.ip}:{s.port})" for s in missing)
-            raise ServerGoneError(f"no established TCP connection to {names}")
+            raise ServerGoneError(f"no TCP connection to {names}")
         watched: list[tuple[Server, socket.socket]] = []
         try:
             for server, server_conns in found.items():
@@ -240,7 +245,7 @@ def dgl_server_watch() -> ServerWatch | None:
     should stop and say so.  ``None`` (logged, never raised: a loader works
     without a watch) where there is nothing to watch or no way to: no
     ``socket.TCP_INFO`` (not Linux), DGL's RPC client not initialised or in
-    standalone mode, no established connection to some server, or DGL's
+    standalone mode, no TCP connection at all to some server, or DGL's
     internals not as expected (then the loader's ``timeout=`` is the only guard).
     """
     if not hasattr(socket, "TCP_INFO"):

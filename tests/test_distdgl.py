@@ -323,7 +323,13 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
     the training thread take turns in DGL's RPC client (one per process, not
     thread-safe): no error, every batch and pull right. Without the lock
     (``no-rpc-lock``), or with the training thread's pulls outside the turn
-    (``no-turn``), DGL mixes up the replies (``KeyError``)."""
+    (``no-turn``), DGL mixes up the replies (``KeyError``).
+
+    Then two loaders over the validation ``DistNodeDataLoader``, whose ``iter()``
+    restarts the one iterator both read (from a code review: each loader's
+    wrapper hid it, and a ``zip`` of the two silently split its batches): the
+    newer ``iter()`` ends the other's epoch, as over a persistent-worker
+    DataLoader, and a whole epoch of each is exact."""
     ranks = run_clean_job("early-exit", tmp_path, part_dir)
     for report in ranks:
         assert report["errors"] == [], job_logs(tmp_path)
@@ -331,6 +337,8 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
         assert report["train_batches"] > val > 1  # the zip ends with the validation loader
         assert report["own_pulls"] == report["train_batches"]
         assert report["checked"] == 8 * (2 + val) + 2 * val + report["train_batches"]
+        assert report["shared"] == ["zip: superseded", "nested: superseded"]
+        assert report["shared_checked"] == 1 + val + 2 * val
         assert report["wrong"] == 0
 
 
@@ -585,6 +593,24 @@ def test_a_pull_of_the_trainers_own_after_a_server_died_raises_server_gone(
         assert report["message"].startswith("DGL server 1 at 127.0.0.1:"), report
         assert report["cause"] is None, report
         assert report["steps"] > 0
+        assert end["after_disturbance_s"] < 10.0
+    assert_watched_both_servers(ranks)
+
+
+def test_a_loader_built_after_a_server_died_raises_server_gone(
+        part_dir: Path, tmp_path: Path) -> None:
+    """From a DistDGL review: server 1 killed while no loader was open. The next
+    loader found no ESTABLISHED connection to it (CLOSE_WAIT), built no server
+    watch, and DGL aborted both trainers (SIGABRT) at the sampler's first send.
+    A connection that is no longer ESTABLISHED is now watched like any other: the
+    first check, before the first step, raises ServerGoneError naming it."""
+    job, ranks = run_job("server-kill-between-loaders", tmp_path, part_dir)
+    ends = assert_killed_once_and_trainers_raised(job, ranks, tmp_path)
+    for rank, end in ends.items():
+        report = ranks[int(rank)]
+        assert report["exception"] == "ServerGoneError", report
+        assert report["message"].startswith("DGL server 1 at 127.0.0.1:"), report
+        assert "CLOSE_WAIT" in report["message"], report
         assert end["after_disturbance_s"] < 10.0
     assert_watched_both_servers(ranks)
 

@@ -242,6 +242,24 @@ def test_bad_arguments_are_refused(kwargs, needle):
         PingPongLoader(make_triples(N, 1), torch.randn(N, 2), **kwargs)
 
 
+@pytest.mark.parametrize(("kwargs", "needle"), [
+    ({"gather_threads": 2}, "gather_threads configures a device pingpong makes"),
+    ({"sort_ids": "gpu"}, "sort_ids configures a device pingpong makes"),
+    ({"gather": "zerocopy"}, "does not match the given device's mode"),
+])
+def test_settings_of_a_device_pingpong_makes_are_refused_with_a_given_one(kwargs, needle):
+    """From a code review: with ``device=`` a Device instance, ``gather_threads`` was
+    ignored without a word (and its value not even checked)."""
+    from pingpong.devices.fake import FakeAsyncDevice
+
+    device = FakeAsyncDevice()
+    try:
+        with pytest.raises(pingpong.ConfigError, match=needle):
+            PingPongLoader(make_triples(N, 1), torch.randn(N, 2), device=device, **kwargs)
+    finally:
+        device.close()
+
+
 def test_numpy_integers_are_ints():
     """Counts from a NumPy array or a sweep (``np.int64(3)``) are taken as the ints
     they are, and stored as Python ints; their type hints say so (mypy checks this
@@ -543,3 +561,33 @@ def test_dead_producer_is_noticed(monkeypatch):
     with PingPongLoader(make_triples(N, 3), torch.randn(N, 2)) as loader:
         with pytest.raises(pingpong.ProducerDiedError):
             next(iter(loader))
+
+
+def test_a_constructor_failing_after_the_device_is_made_closes_it(monkeypatch):
+    """From a code review: only part of ``__init__`` after the device was made was
+    covered, so a failure in the rest (building the lifecycle, the DistDGL
+    server watch) left the device open, with no finaliser to close it (on
+    CUDA: pinned tables and the warm-up thread)."""
+    from pingpong.devices.fake import FakeAsyncDevice
+
+    def fail(*_args: Any, **_kwargs: Any) -> None:
+        raise RuntimeError("injected failure")
+
+    device = FakeAsyncDevice()
+    monkeypatch.setattr(pingpong.loader, "LoaderCore", fail)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        PingPongLoader([(torch.arange(3), torch.arange(1), None)], torch.randn(N, 2),
+                       device=device)
+    assert device.closed
+
+
+class _ListWithWorkerSetting(list):
+    num_workers = "auto"  # not an int: a setting of the user's own
+
+
+def test_a_source_whose_num_workers_is_not_an_int_is_read_as_having_none():
+    """From a code review: ``int(source.num_workers)`` raised a bare ``ValueError``."""
+    features = torch.randn(N, 2)
+    source = _ListWithWorkerSetting([(torch.arange(3), torch.arange(1), None)])
+    with PingPongLoader(source, features) as loader:
+        assert [torch.equal(b.x, features[:3]) for b in loader] == [True]

@@ -340,8 +340,8 @@ def test_stalled_source_times_out_and_the_stuck_producer_never_writes(caplog):
         assert 0.25 <= time.monotonic() - start < 1.0
         assert isinstance(info.value, pingpong.BatchTimeoutError)
         assert str(info.value) == (
-            "no batch within timeout=0.3 s (after 3 batches this epoch); the source may be "
-            "stalled -- raise `timeout`, or pass timeout=None to wait"
+            "no batch within timeout=0.3 s (after 3 batches this epoch); the source (or a "
+            "row source's fetch) may be stalled -- raise `timeout`, or pass timeout=None to wait"
         )
         (stuck,) = producer_threads()
         # After a failure the short join is expected to miss: logged at debug level only.
@@ -413,9 +413,9 @@ def test_no_timeout_still_notices_a_producer_that_dies_mid_epoch(monkeypatch):
             elif self.count == 3:
                 raise RuntimeError("producer thread dies")
 
-    def dying_produce(source, store, reader, device, free_q, ready_q, *rest):
+    def dying_produce(*, ready_q, **rest):
         dying_q = DieAfterTwo(ready_q)  # puts only: a SimpleQueue to the producer
-        real_produce(source, store, reader, device, free_q, dying_q, *rest)  # type: ignore[arg-type]
+        real_produce(ready_q=dying_q, **rest)  # type: ignore[arg-type]
 
     monkeypatch.setattr(epoch_module, "produce", dying_produce)
     with PingPongLoader(seq_triples(N, 6), make_table(), timeout=None) as loader:
@@ -1334,3 +1334,33 @@ def test_a_slot_handed_back_while_another_thread_starts_an_epoch_is_not_refilled
             assert torch.equal(x, features[batch.input_nodes])
         trainer.join(30)
         assert outcome in (["delivered"], ["superseded"])
+
+
+def test_a_ctrl_c_inside_the_devices_close_is_finished_by_the_next_close(monkeypatch):
+    """From a code review: the fake GPU (and the CUDA device's detach) marked itself
+    closed before the work, so a close that Ctrl-C interrupted was never done: the
+    next ``close()`` returned at once, and the loader counted itself closed with
+    the device's stream threads (on CUDA: the pinned tables) still there."""
+    import pingpong.devices.fake as fake_module
+
+    device = FakeAsyncDevice()
+    features = torch.randn(8, 4)
+    loader = PingPongLoader([(torch.arange(4), torch.arange(2), [])], features, device=device)
+    assert [torch.equal(device.consumer_submit(b.x.clone).result(), features[:4])
+            for b in loader] == [True]
+    stop_streams = fake_module._stop_streams
+    calls = []
+
+    def interrupted_once(*args: Any) -> None:
+        calls.append(args)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        stop_streams(*args)
+
+    monkeypatch.setattr(fake_module, "_stop_streams", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        loader.close()
+    loader.close()
+    assert len(calls) == 2
+    assert not device.copy_stream.thread.is_alive()
+    assert not device.consumer_stream.thread.is_alive()

@@ -10,6 +10,7 @@ loop with its own exception; a stuck one honours ``timeout=``.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -315,3 +316,63 @@ def test_a_source_that_changes_its_ids_changes_nothing_else():
         assert torch.equal(batch.input_nodes, torch.arange(10, 20))
         assert torch.equal(batch.x["remote"], remote[10:20])
         assert torch.equal(batch.x["host"], host[10:20])
+
+
+class ScratchRows:
+    """A row source that is not thread-safe: it builds each result in one scratch
+    buffer (then returns a copy), and counts calls inside it at once."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self._table = table
+        self.shape = tuple(table.shape)
+        self.dtype = table.dtype
+        self._scratch = torch.empty_like(table)
+        self._inside = 0
+        self.most_inside = 0
+        self.gate: threading.Event | None = None
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        self._inside += 1
+        self.most_inside = max(self.most_inside, self._inside)
+        try:
+            if self.gate is not None:
+                self.gate.wait(30)
+            scratch = self._scratch[:len(ids)]
+            torch.index_select(self._table, 0, ids, out=scratch)
+            time.sleep(0.002)  # another call overwriting the scratch now corrupts this one
+            return scratch.clone()
+        finally:
+            self._inside -= 1
+
+
+def test_two_loaders_over_one_row_source_call_it_one_at_a_time():
+    """From a DistDGL review: ``zip`` of two loaders sharing one row source called it
+    from both producers at once, which a plain ``zip`` never does; a source that
+    is not thread-safe returned wrong rows (138 of 180 batches in the review's
+    script), with no error.  Calls to one source object now take turns."""
+    table = make_table()
+    source = ScratchRows(table)
+    first, second = seq_triples(N, 30, seed=1), seq_triples(N, 30, seed=2)
+    with PingPongLoader(first, source) as a, PingPongLoader(second, source) as b:
+        for _ in range(2):
+            pairs = [(torch.equal(x.x, table[x.input_nodes]),
+                      torch.equal(y.x, table[y.input_nodes])) for x, y in zip(a, b, strict=True)]
+            assert pairs == [(True, True)] * 30
+    assert source.most_inside == 1
+
+
+def test_a_loader_started_while_a_fetch_is_stuck_waits_for_it():
+    """A fetch of one loader stuck past its ``timeout=``: another loader over the
+    same source, started then, waits for that call to return rather than calling
+    the source alongside it, and everything it delivers is exact."""
+    table = make_table()
+    source = ScratchRows(table)
+    source.gate = threading.Event()
+    with PingPongLoader(seq_triples(N, 4), source, timeout=1.0) as stuck, \
+            PingPongLoader(seq_triples(N, 4, seed=3), source, timeout=30) as later:
+        with pytest.raises(pingpong.BatchTimeoutError):
+            next(iter(stuck))
+        threading.Timer(2.0, source.gate.set).start()  # the stuck call returns later
+        exact = [torch.equal(b.x, table[b.input_nodes]) for b in later]
+    assert exact == [True] * 4
+    assert source.most_inside == 1

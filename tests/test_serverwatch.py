@@ -79,6 +79,28 @@ def test_a_live_connection_passes_and_a_closed_one_raises_naming_the_server() ->
 
 
 @needs_tcp_info
+def test_a_connection_its_server_closed_before_the_watch_was_built_is_watched() -> None:
+    """From a DistDGL review: a server that died while no loader was open leaves the
+    trainer's connection in CLOSE_WAIT; the next loader's watch skipped it (not
+    ESTABLISHED), so the loader had no watch and DGL aborted the process at its
+    first send. Now it is watched, and the first check raises naming the server."""
+    with connected_pair() as (_client, served, port):
+        served.close()  # the server's process died before any watch existed
+        deadline = time.monotonic() + 5
+        while not any(c.status == psutil.CONN_CLOSE_WAIT and c.raddr and c.raddr.port == port
+                      for c in psutil.Process().net_connections(kind="tcp")):
+            assert time.monotonic() < deadline, "the connection never reached CLOSE_WAIT"
+            time.sleep(0.01)
+        watch = ServerWatch.of_connections([Server("DGL server 1", "127.0.0.1", port)])
+        try:
+            with pytest.raises(ServerGoneError, match=rf"DGL server 1 at 127.0.0.1:{port} "
+                                                      r"closed its connection \(TCP CLOSE_WAIT\)"):
+                watch.check()
+        finally:
+            watch.close()
+
+
+@needs_tcp_info
 def test_a_reset_connection_raises() -> None:
     with connected_pair() as (_client, served, port):
         watch = ServerWatch.of_connections([Server("s", "127.0.0.1", port)])
@@ -458,7 +480,7 @@ def test_the_watch_is_built_from_dgls_server_namebook(
         monkeypatch.setattr(kvstore, "get_kvstore", lambda: _Client({0: ["malformed"]}))
         assert dgl_server_watch() is None  # DGL laid out differently: not watched, no error
     messages = [r.getMessage() for r in caplog.records]
-    assert any("no established TCP connection to DGL server 0 (127.0.0.1:9)" in m
+    assert any("no TCP connection to DGL server 0 (127.0.0.1:9)" in m
                for m in messages), messages
     assert any("reading DGL's client failed" in m for m in messages), messages
 

@@ -67,6 +67,10 @@ def make_device(
             )
         if sort_ids != "auto":
             raise ConfigError("sort_ids configures a device pingpong makes, not a given one")
+        if gather_threads is not None:
+            raise ConfigError(
+                "gather_threads configures a device pingpong makes, not a given one, "
+                f"got {gather_threads!r}")
         return device
     if gather not in GATHER_MODES:
         raise ConfigError(f"gather must be one of {GATHER_MODES}, got {gather!r}")

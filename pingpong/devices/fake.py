@@ -276,6 +276,7 @@ class FakeAsyncDevice(Device):
         #: Rows the copy stream served from a cache so far (for tests).
         self.cache_hits = 0
         self._closed = False
+        self._close_done = False  # close() ran to its end
         self.copy_stream = _Stream(f"{name}-copy", seed, max_delay_s)
         self.consumer_stream = _Stream(
             f"{name}-consumer",
@@ -488,12 +489,14 @@ class FakeAsyncDevice(Device):
             raise TimeoutError("FakeAsyncDevice.synchronize timed out (a stream is stuck)")
 
     def close(self) -> None:
-        """Run what is queued (without delays), then stop both workers.  Idempotent."""
-        if self._closed:
+        """Run what is queued (without delays), then stop both workers.  Idempotent;
+        a close that raised (Ctrl-C) is done again by the next call, as on CUDA."""
+        if self._close_done:
             return
-        self._closed = True
+        self._closed = True  # from now on the consumer's releases are no-ops
         _stop_streams(self.copy_stream, self.consumer_stream, CLOSE_DRAIN_S)
         self.detach()
+        self._close_done = True
 
     def __repr__(self) -> str:
         return f"FakeAsyncDevice(seed={self.seed}, closed={self._closed})"

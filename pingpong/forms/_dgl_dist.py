@@ -28,8 +28,11 @@ class DistLoaderSource:
     DGL's distributed loaders return themselves from ``__iter__`` (which
     restarts the epoch) and have no ``len()``; this makes every
     ``iter()`` one new pass and ``len()`` the number of batches DGL expects.
-    The loader retires an epoch's producer before it starts the next one, so
-    no two passes ever advance the shared iterator at once.
+    No two passes ever advance the shared iterator at once: a loader retires an
+    epoch's producer before it starts the next one, and two loaders over one
+    DGL loader follow the one-loader rule (each wraps it in its own
+    ``DistLoaderSource``; the rule is keyed by the DGL loader,
+    ``loader._shares_its_iterator``).
 
     A pass left early with DGL sampler processes (``DGL_NUM_SAMPLER`` > 0) still
     has batches on their way: DGL keeps up to ``queue_size`` requests in flight

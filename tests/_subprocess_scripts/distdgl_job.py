@@ -159,7 +159,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))  # train_dist (it adds the checkout if pingpong
@@ -587,14 +587,50 @@ def trainer_own_pull_after_loss(tr: td.Trainer, out: Path, part_dir: Path
                 rows = feat[remote]
             record.update(exception=None, rows=list(rows.shape))
         except BaseException as exc:  # noqa: BLE001 - recorded for the test
-            record.update(exception=type(exc).__name__, module=type(exc).__module__,
-                          message=str(exc)[:2000], at=time.time(), steps=steps,
-                          cause=(None if exc.__cause__ is None
-                                 else type(exc.__cause__).__name__))
-            write_json(out / f"rank{tr.rank}.json", record)
-            sys.stdout.flush()
-            os._exit(3)  # DGL's exit hook would wait for the lost server
+            record_failure_and_exit(out, tr.rank, record, exc, steps)
     return record
+
+
+def trainer_loader_after_loss(tr: td.Trainer, out: Path, part_dir: Path
+                              ) -> dict[str, Any]:
+    """``server-kill-between-loaders``: an epoch of one loader, closed; then, no loader
+    open, the training thread parks (``parked-RANK``) while the launcher kills
+    server 1; then a new loader over the same ``DistNodeDataLoader``, whose first
+    epoch must end in ServerGoneError, not in DGL aborting the process at the
+    sampler's first send. How it ended is recorded like ``server-kill``'s loops."""
+    feat, label = tr.g.ndata["feat"], tr.g.ndata["label"]
+    source = td.make_source(tr.g, tr.train_nids, FANOUTS, BATCH_SIZE, shuffle=True)
+    record: dict[str, Any] = {"timeout": TIMEOUT_S, "sampler_processes": 0}
+    steps = 0
+    with pingpong.PingPongLoader(source, feat, label, device="cpu",
+                                 timeout=TIMEOUT_S) as first:
+        for _batch in first:
+            steps += 1
+    (out / f"parked-{tr.rank}").touch()
+    while not (out / "resume").exists():
+        time.sleep(0.01)
+    try:
+        with pingpong.PingPongLoader(source, feat, label, device="cpu",
+                                     timeout=TIMEOUT_S) as loader:
+            record["watched"] = watched_servers(loader)
+            for _batch in loader:
+                steps += 1
+        record.update(exception=None, steps=steps)
+    except BaseException as exc:  # noqa: BLE001 - recorded for the test
+        record_failure_and_exit(out, tr.rank, record, exc, steps)
+    return record
+
+
+def record_failure_and_exit(out: Path, rank: int, record: dict[str, Any],
+                            exc: BaseException, steps: int) -> NoReturn:
+    """Write how the training loop ended (``exc``) to this rank's report, and leave
+    the process with status 3 at once: DGL's exit hook would wait for the lost server."""
+    record.update(exception=type(exc).__name__, module=type(exc).__module__,
+                  message=str(exc)[:2000], at=time.time(), steps=steps,
+                  cause=None if exc.__cause__ is None else type(exc.__cause__).__name__)
+    write_json(out / f"rank{rank}.json", record)
+    sys.stdout.flush()
+    os._exit(3)
 
 
 def partition_small(mode: str, part_dir: Path) -> Path:
@@ -662,7 +698,8 @@ HETERO_NODES = {"paper": 3000, "author": 2000}
 EDGE_SEED_TYPES = ("cites", "writes")
 #: Modes that kill server 1 while both trainers' producers are parked (no message in flight).
 PARKED_KILL_MODES = ("server-kill", "server-kill-samplers", "server-kill-samplers2",
-                     "server-kill-hetero", "server-kill-ddp-race", "server-kill-own-pull")
+                     "server-kill-hetero", "server-kill-ddp-race", "server-kill-own-pull",
+                     "server-kill-between-loaders")
 #: Server-loss modes on the heterogeneous graph.
 HETERO_SERVER_LOSS_MODES = ("server-kill-hetero", "server-stop-hetero")
 SMALL_GRAPHS = {"hetero-equal": hetero_graph, "edge-hetero": hetero_graph,
@@ -1017,9 +1054,45 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
                 own_pulls += 1
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             errors.append(f"own pulls: {type(exc).__name__}: {exc}"[:300])
+        checked_before = truth.checked
+        try:
+            shared = two_loaders_over_one_source(val_loader, val, feat, label, check)
+        except Exception as exc:  # noqa: BLE001 - recorded for the test
+            errors.append(f"two loaders, one source: {type(exc).__name__}: {exc}"[:300])
+            shared = []
         val_batches, train_batches = len(val_loader), len(train_loader)
-    return {"checked": truth.checked, "wrong": truth.wrong, "errors": errors,
-            "val_batches": val_batches, "train_batches": train_batches, "own_pulls": own_pulls}
+    return {"checked": checked_before, "wrong": truth.wrong, "errors": errors,
+            "val_batches": val_batches, "train_batches": train_batches, "own_pulls": own_pulls,
+            "shared": shared, "shared_checked": truth.checked - checked_before}
+
+
+def two_loaders_over_one_source(loader: pingpong.PingPongLoader, source: Any, feat: Any,
+                                label: Any, check: Any) -> list[str]:
+    """A second loader over ``loader``'s ``DistNodeDataLoader``, whose ``iter()``
+    restarts the one iterator both would read: in ``zip``, and as a loop nested in
+    ``loader``'s; then a whole epoch of each.  What each pattern did."""
+    outcomes = []
+    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=60) as other:
+        try:
+            for first, second in zip(loader, other, strict=False):
+                check(first)
+                check(second)
+            outcomes.append("zip: no error")
+        except pingpong.EpochSupersededError:
+            outcomes.append("zip: superseded")
+        outer = iter(loader)
+        check(next(outer))
+        for batch in other:
+            check(batch)
+        try:
+            next(outer)
+            outcomes.append("nested: no error")
+        except pingpong.EpochSupersededError:
+            outcomes.append("nested: superseded")
+        for whole in (loader, other):
+            for batch in whole:
+                check(batch)
+    return outcomes
 
 
 def trainer_temporary(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, Any]:
@@ -1191,6 +1264,7 @@ TRAINERS = {"equal": trainer_equal, "equal-samplers": trainer_equal,
             "server-stop-hetero": trainer_server_loss,
             "server-kill-ddp-race": trainer_server_loss,
             "server-kill-own-pull": trainer_own_pull_after_loss,
+            "server-kill-between-loaders": trainer_loader_after_loss,
             "server-stop": trainer_server_loss,
             "equal-samplers2": trainer_equal, "break-samplers2": trainer_break_samplers,
             "byvalue-samplers3": trainer_equal,

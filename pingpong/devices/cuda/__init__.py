@@ -110,14 +110,18 @@ class CUDADevice(Device):
             self._cpu.start_warm_up([], local)
 
     def detach(self) -> None:
+        """Wait for the copy stream, then release the tables (pins, GPU copies) and
+        the warm-up.  Done once it has completed: a detach that raised (Ctrl-C in
+        the stream's wait, a CUDA error) is done again by the next call, never
+        skipped -- each step is idempotent."""
         if self._closed:
             return
-        self._closed = True
         try:
             self._copy.close()  # no kernel may still read what the mode releases
             self._mode.detach()
         finally:
             self._cpu.detach()  # its warm-up thread, whatever the copy stream says
+        self._closed = True
 
     def producer_started(self) -> None:
         self._copy.producer_started()
