@@ -111,6 +111,7 @@ class Epoch:
         self.lease: Lease | None = None
         self.held_generation = 0
         self._lock = threading.Lock()  # state, lease, delivered
+        self._lease_lock = threading.Lock()  # one lease hand-back at a time (_end_lease)
         self.free_q: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         for slot in slots:
             self.free_q.put(slot)
@@ -305,15 +306,19 @@ class Epoch:
     def _end_lease(self) -> Slot | None:
         """End the held lease, if any, and give its slot the release events; the slot.
 
-        One step under the epoch's lock: a ``next()`` on one thread ending the
-        lease while ``iter()`` on another starts the next epoch, whose producer
-        may take that slot at once, must have set the events before that
-        ``iter()`` goes on (it waited in :meth:`hand_back_lease` for the lock).
+        One step under the epoch's lease lock: a ``next()`` on one thread ending
+        the lease while ``iter()`` on another starts the next epoch, whose
+        producer may take that slot at once, must have set the events before
+        that ``iter()`` goes on (it waited in :meth:`hand_back_lease` for the lock).
         """
-        with self._lock:
-            lease, self.lease = self.lease, None
+        with self._lease_lock:
+            with self._lock:
+                lease, self.lease = self.lease, None
             if lease is None:
                 return None
+            # Not under self._lock: recording allocates, the garbage collector may
+            # run there, and a finaliser it runs (a dropped EpochIterator's) ends
+            # this epoch, which takes self._lock.
             events = lease.end()
             if events is None:
                 return None

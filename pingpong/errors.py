@@ -160,8 +160,9 @@ class SourceBusyError(PingPongError, RuntimeError):
     """``iter(loader)`` found the last epoch's producer still inside the source
     (after a timeout or Ctrl-C, it waited for it 2 s), and the source's
     ``iter()`` would end or reset the very iterator that producer is in -- a
-    ``DataLoader`` with ``persistent_workers=True``, or a datapipe or a
-    ``DataLoader`` over one (GraphBolt's ``gb.DataLoader``) -- so a new pass
+    ``DataLoader`` with ``persistent_workers=True``, a datapipe or a
+    ``DataLoader`` over one (GraphBolt's ``gb.DataLoader``), or DGL's
+    ``DistNodeDataLoader`` / ``DistEdgeDataLoader`` -- so a new pass
     would lose or share its items.  Nothing was started; ``iter()`` again once the source
     returns.  The same for another loader's producer over that source: a new
     ``iter()`` ends that loader's running epoch (its iterator raises

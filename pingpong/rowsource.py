@@ -394,9 +394,11 @@ def call_lock_for(source: Any) -> threading.Lock:
 
 
 def _forget_call_lock(key: int, lock: threading.Lock) -> None:
-    with _call_locks_lock:
-        if _call_locks.get(key) is lock:
-            del _call_locks[key]
+    """The finaliser of a row source: drop its lock.  Takes no lock -- the garbage
+    collector may run it inside :func:`call_lock_for` on the same thread -- and
+    needs none: no other object has this ``id()`` until the source is freed."""
+    if _call_locks.get(key) is lock:
+        _call_locks.pop(key, None)
 
 
 def find_local_part(table: RemoteTable) -> LocalPart | None:

@@ -1364,3 +1364,49 @@ def test_a_ctrl_c_inside_the_devices_close_is_finished_by_the_next_close(monkeyp
     assert len(calls) == 2
     assert not device.copy_stream.thread.is_alive()
     assert not device.consumer_stream.thread.is_alive()
+
+
+class _CollectingInRecord(FakeAsyncDevice):
+    """A fake GPU whose release-event record runs the garbage collector once, when
+    armed, off pingpong's threads: an automatic collection at an allocation there."""
+
+    armed = False
+
+    def consumer_record(self, stream: Any = None) -> Any:
+        if self.armed and not threading.current_thread().name.startswith("pingpong-"):
+            self.armed = False
+            gc.collect()
+        return super().consumer_record(stream)
+
+
+def test_a_collection_inside_the_slot_hand_back_does_not_deadlock():
+    """From a self-review: the slot hand-back recorded the release events holding the
+    epoch's lock; a collection there that freed the epoch's iterator (kept in a
+    reference cycle) ended the epoch from its finaliser, which takes that lock on
+    the same thread: ``iter(loader)`` hung for ever."""
+    features = torch.randn(100, 4)
+    batches: list[tuple[torch.Tensor, torch.Tensor, list[Any]]] = [
+        (torch.arange(10), torch.arange(2), []) for _ in range(4)]
+    device = _CollectingInRecord(seed=0)
+    # No `with`: on a deadlock, close() would wait for the core's lock for ever.
+    loader = PingPongLoader(batches, features, device=device, num_buffers=2)
+    it = iter(loader)
+    batch = next(it)  # the loop holds a batch: a lease to hand back
+    cycle: list[Any] = [it]
+    cycle.append(cycle)
+    del it, cycle, batch
+    gc.disable()  # so that no collection before the armed one finds the cycle
+    try:
+        device.armed = True
+        started = threading.Event()
+
+        def next_epoch() -> None:
+            iter(loader)  # hands the held lease back: the record collects
+            started.set()
+
+        threading.Thread(target=next_epoch, daemon=True).start()
+        deadlocked = not started.wait(10)
+    finally:
+        gc.enable()
+    assert not deadlocked, "iter(loader) deadlocked in the slot hand-back"
+    loader.close()

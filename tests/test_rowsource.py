@@ -376,3 +376,26 @@ def test_a_loader_started_while_a_fetch_is_stuck_waits_for_it():
         exact = [torch.equal(b.x, table[b.input_nodes]) for b in later]
     assert exact == [True] * 4
     assert source.most_inside == 1
+
+
+def test_a_row_source_freed_while_the_lock_registry_is_held_does_not_deadlock():
+    """From a self-review: the finaliser that drops a freed row source's call lock
+    took the registry's lock, and the garbage collector can run it on a thread
+    already holding that lock (an allocation inside ``call_lock_for`` while an
+    earlier source sat in a reference cycle): that thread hung for ever."""
+    from pingpong import rowsource
+
+    source: Rows | None = Rows(make_table())
+    key = id(source)
+    rowsource.call_lock_for(source)
+    finished = threading.Event()
+
+    def free_it_holding_the_registry() -> None:
+        nonlocal source
+        with rowsource._call_locks_lock:  # as inside call_lock_for
+            source = None  # its finaliser runs now, on this thread
+        finished.set()
+
+    threading.Thread(target=free_it_holding_the_registry, daemon=True).start()
+    assert finished.wait(10), "the finaliser deadlocked on the registry's lock"
+    assert key not in rowsource._call_locks
