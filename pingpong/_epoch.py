@@ -21,6 +21,7 @@ from ._lifecycle import (
     POLL_S,
     SHORT_JOIN_TIMEOUT_S,
     EpochState,
+    describe_failure,
     ended_error,
     join_timeout,
     register_epoch,
@@ -107,6 +108,7 @@ class Epoch:
         self.stats = stats
         self.timeout = timeout
         self.state = EpochState.RUNNING
+        self.failure: str | None = None  # what ended a FAILED epoch (describe_failure)
         self.delivered = 0
         self.lease: Lease | None = None
         self.held_generation = 0
@@ -168,10 +170,10 @@ class Epoch:
         self.stats.add(epochs=1)
         try:
             self.thread.start()
-        except BaseException:
+        except BaseException as exc:
             # Ctrl-C inside Thread.start(), which waits in Python code for the new
             # thread: it may be running already.
-            self.end(EpochState.FAILED)
+            self.end(EpochState.FAILED, describe_failure(exc))
             self.retire(SHORT_JOIN_TIMEOUT_S)  # returns at once for a thread not started
             raise
 
@@ -206,7 +208,7 @@ class Epoch:
                 if self.health is not None:
                     self.health()
         except BaseException as exc:
-            self._fail(SHORT_JOIN_TIMEOUT_S)
+            self._fail(SHORT_JOIN_TIMEOUT_S, exc)
             if isinstance(exc, StopIteration):  # from the health check
                 raise _stop_iteration_error() from exc
             raise
@@ -226,7 +228,7 @@ class Epoch:
         except BaseException as exc:
             # Timeout, Ctrl-C, dead producer: the producer may be stuck in the
             # source, so do not wait long for it (slots are safe regardless).
-            self._fail(SHORT_JOIN_TIMEOUT_S)
+            self._fail(SHORT_JOIN_TIMEOUT_S, exc)
             if isinstance(exc, StopIteration):  # from the health check
                 raise _stop_iteration_error() from exc
             raise
@@ -235,14 +237,14 @@ class Epoch:
                 # Ended from another thread while we waited.  A delivery taken
                 # here is dropped: its slot was never given to the training
                 # loop, and the next epoch starts with every slot free.
-                raise ended_error(self.state, self.delivered)
+                raise ended_error(self.state, self.delivered, self.failure)
             if isinstance(message, Delivery):
                 lease = self.lease = Lease(message.slot, self.device, message.ready_event)
                 self.delivered += 1
         if isinstance(message, Delivery):
             return self._deliver(message, lease)
         if isinstance(message, Failure):
-            self._fail(join_timeout())
+            self._fail(join_timeout(), message.exc)
             if isinstance(message.exc, StopIteration):
                 raise _stop_iteration_error() from message.exc
             raise message.exc
@@ -259,8 +261,8 @@ class Epoch:
             if self.debug:
                 self.held_generation = message.generation
                 self._check_held("between its hand-off and its delivery")
-        except BaseException:
-            self._fail(SHORT_JOIN_TIMEOUT_S)
+        except BaseException as exc:
+            self._fail(SHORT_JOIN_TIMEOUT_S, exc)
             raise
         self.stats.add(batches=1)
         batch = message.batch
@@ -271,23 +273,26 @@ class Epoch:
     def _raise_if_ended(self) -> None:
         state = self.state
         if state is not EpochState.RUNNING:
-            raise ended_error(state, self.delivered)
+            raise ended_error(state, self.delivered, self.failure)
 
-    def _fail(self, join_s: float) -> None:
-        self.end(EpochState.FAILED)
+    def _fail(self, join_s: float, exc: BaseException) -> None:
+        """End the epoch in FAILED because of ``exc`` (unless it has ended
+        already) and retire it."""
+        self.end(EpochState.FAILED, describe_failure(exc))
         self.retire(join_s)
 
     def _check_held(self, when: str) -> None:
         lease = self.lease
         if lease is not None and lease.slot.generation != self.held_generation:
             self.lease = None  # it is not ours any more: do not hand it back again
-            self._fail(SHORT_JOIN_TIMEOUT_S)
-            raise SlotOverwriteError(
+            error = SlotOverwriteError(
                 f"slot {lease.slot.index} was refilled {when} (generation "
                 f"{self.held_generation} -> {lease.slot.generation}, after "
                 f"{self.delivered} batches this epoch): the slot protocol is broken "
                 "and batch data may be corrupt"
             )
+            self._fail(SHORT_JOIN_TIMEOUT_S, error)
+            raise error
 
     def _hand_back_held(self) -> None:
         """``next()``: the held slot goes back to this epoch's producer."""
@@ -373,8 +378,10 @@ class Epoch:
             self.stats.add(consumer_stall_s=time.perf_counter() - start)
 
     # -- ending --------------------------------------------------------------
-    def end(self, state: EpochState) -> bool:
+    def end(self, state: EpochState, failure: str | None = None) -> bool:
         """Move a RUNNING epoch to ``state``; never blocks, any thread.
+
+        ``failure`` says what ended a FAILED epoch (``next()`` names it).
 
         Sets the producer's stop flag and wakes a ``next()`` waiting on
         another thread.  Returns False if the epoch had already ended (the
@@ -387,6 +394,7 @@ class Epoch:
         with self._lock:
             if self.state is not EpochState.RUNNING:
                 return False
+            self.failure = failure
             self.state = state
         self.ready_q.put(_WAKEUP)
         return True

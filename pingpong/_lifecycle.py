@@ -15,8 +15,10 @@ loop's iterator.  Its states (:class:`EpochState`) and every transition::
 
 Ended states are final and the first reason wins.  What ``next()`` then
 does is :func:`ended_error`: ``StopIteration`` for an epoch that ran out or
-was closed through its own iterator, :class:`~pingpong.errors.EpochSupersededError`
-or :class:`~pingpong.errors.LoaderClosedError` when something else ended it --
+was closed through its own iterator, :class:`~pingpong.errors.EpochFailedError`
+after a failure (a loop that catches the failure and calls ``next()`` again),
+:class:`~pingpong.errors.EpochSupersededError` or
+:class:`~pingpong.errors.LoaderClosedError` when something else ended it --
 never a silent stop for an epoch the training loop did not end itself.
 
 Ending (``Epoch.end``) never blocks and is safe on any thread, finalisers
@@ -65,7 +67,12 @@ from typing import TYPE_CHECKING
 
 from . import _rpc
 from ._threads import Latch, join_within
-from .errors import EpochSupersededError, LoaderClosedError, SourceBusyError
+from .errors import (
+    EpochFailedError,
+    EpochSupersededError,
+    LoaderClosedError,
+    SourceBusyError,
+)
 
 if TYPE_CHECKING:
     from ._epoch import Epoch
@@ -104,8 +111,28 @@ SHARED_ITERATOR_SOURCES = ("a DataLoader with persistent_workers=True, or a data
                            "DGL's DistNodeDataLoader")
 
 
-def ended_error(state: EpochState, delivered: int) -> BaseException:
-    """What ``next()`` raises on an epoch that ended in ``state``."""
+def describe_failure(exc: BaseException) -> str:
+    """``exc`` in one line for :func:`ended_error`: its type and (cut to 300
+    characters) its message.  A string, not the exception: the epoch keeps it,
+    and an exception's traceback would keep the epoch's iterator and loader
+    alive in a reference cycle."""
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 -- a failing __str__ must not replace the failure
+        message = ""
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def ended_error(state: EpochState, delivered: int, failure: str | None = None) -> BaseException:
+    """What ``next()`` raises on an epoch that ended in ``state``; ``failure``
+    is what ended a FAILED one (:func:`describe_failure`)."""
+    if state is EpochState.FAILED:
+        return EpochFailedError(
+            f"this epoch failed after {delivered} batches ({failure or 'no reason recorded'}) "
+            "and delivers no more: the next() (or iter()) that raised that error ended "
+            "it. iter(loader) starts a new epoch"
+        )
     if state is EpochState.SUPERSEDED:
         return EpochSupersededError(
             f"this epoch was ended after {delivered} batches because iter() was called "

@@ -144,6 +144,18 @@ class LoaderClosedError(PingPongError, RuntimeError):
     """The loader was closed: before ``iter()``, or while an epoch was running."""
 
 
+class EpochFailedError(PingPongError, RuntimeError):
+    """``next()`` on an epoch that has failed: an earlier ``next()`` (or
+    ``iter(loader)``'s wait) raised, and the epoch ended there.
+
+    A ``for`` loop never sees it; a loop that catches the failure (say a
+    :class:`BatchTimeoutError`) and calls ``next()`` on the same iterator
+    again gets this instead of a ``StopIteration`` that would end its epoch
+    short without a word.  The message names the failure and how many
+    batches the epoch delivered; ``iter(loader)`` starts a new epoch.
+    """
+
+
 class EpochSupersededError(PingPongError, RuntimeError):
     """``next()`` on an epoch that a newer ``iter(loader)`` ended.
 

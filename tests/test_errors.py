@@ -17,6 +17,7 @@ from conftest import make_triples
 
 import pingpong
 from pingpong import PingPongLoader
+from pingpong._lifecycle import EpochState
 
 N = 100
 
@@ -58,9 +59,13 @@ def test_bad_input_ids_are_refused_and_next_epoch_works(ids, exc, needle):
         if exc is IndexError:
             assert f"N = {N}" in str(info.value)
             assert isinstance(info.value, pingpong.IdRangeError)
-        # the epoch ended
-        with pytest.raises(StopIteration):
+        # the epoch ended, and a next() that carries on says so (not StopIteration,
+        # which would end a loop that caught the error short without a word)
+        failure = rf"failed after 1 batches \({type(info.value).__name__}: "
+        with pytest.raises(pingpong.EpochFailedError, match=failure) as again_info:
             next(it)
+        assert needle in str(again_info.value)
+        assert it.state is EpochState.FAILED
         # the next epoch works up to the bad batch again
         again = iter(loader)
         assert torch.equal(next(again).x, features[:10])
@@ -591,3 +596,78 @@ def test_a_source_whose_num_workers_is_not_an_int_is_read_as_having_none():
     source = _ListWithWorkerSetting([(torch.arange(3), torch.arange(1), None)])
     with PingPongLoader(source, features) as loader:
         assert [torch.equal(b.x, features[:3]) for b in loader] == [True]
+
+
+class _StallsOnce:
+    """A re-iterable source whose first pass stalls before its batch ``stall_at``."""
+
+    def __init__(self, triples: list, stall_at: int, stall_s: float) -> None:
+        self.triples, self.stall_at, self.stall_s = triples, stall_at, stall_s
+        self.passes = 0
+
+    def __iter__(self):
+        self.passes += 1
+        for i, triple in enumerate(self.triples):
+            if i == self.stall_at and self.passes == 1:
+                time.sleep(self.stall_s)
+            yield triple
+
+
+def test_a_loop_that_catches_a_timeout_and_goes_on_is_told_the_epoch_failed():
+    """A retrying loop (catch ``BatchTimeoutError``, call ``next()`` again) used to
+    get ``StopIteration`` and end its epoch short without a word; it now gets
+    :class:`EpochFailedError` naming the timeout and the batches delivered."""
+    triples = make_triples(N, 6)
+    features = torch.randn(N, 4)
+    source = _StallsOnce(triples, stall_at=3, stall_s=1.0)
+    with PingPongLoader(source, features, timeout=0.2) as loader:
+        it = iter(loader)
+        delivered: list[torch.Tensor] = []
+        errors: list[Exception] = []
+        while True:
+            try:
+                delivered.append(next(it).x.clone())
+            except pingpong.BatchTimeoutError as exc:
+                errors.append(exc)
+                continue  # the retry
+            except StopIteration:
+                break
+            except pingpong.EpochFailedError as exc:
+                errors.append(exc)
+                break
+        assert len(delivered) == 3
+        assert len(errors) == 2
+        assert isinstance(errors[1], pingpong.EpochFailedError)
+        assert "failed after 3 batches (BatchTimeoutError: no batch within timeout=0.2 s" in str(
+            errors[1])
+        assert "iter(loader) starts a new epoch" in str(errors[1])
+        # and so it does, whole and exact
+        again = [batch.x.clone() for batch in loader]
+        assert len(again) == len(triples)
+        for batch_x, (inputs, _, _) in zip(again, triples, strict=True):
+            assert torch.equal(batch_x, features[inputs])
+
+
+class _UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ is broken")
+
+
+def test_a_failure_whose_message_cannot_be_read_is_still_the_one_raised():
+    """The epoch records what ended it as text; an exception whose ``__str__``
+    raises must still reach the loop as itself, and the next ``next()`` names
+    its type."""
+
+    class Source:
+        def __iter__(self):
+            yield (torch.arange(10), torch.arange(5), None)
+            raise _UnprintableError
+
+    with PingPongLoader(Source(), torch.randn(N, 4)) as loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(_UnprintableError):
+            next(it)
+        with pytest.raises(pingpong.EpochFailedError,
+                           match=r"failed after 1 batches \(_UnprintableError\)"):
+            next(it)

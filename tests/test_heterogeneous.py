@@ -160,8 +160,8 @@ def test_bad_typed_ids_are_refused_before_any_table_is_read(bad: Any, exc: type,
             # Batch 0 read each of its three tables once; the bad batch read none.
             assert sorted(device.gathered) == sorted(
                 ["features['paper']", "features['author']", "labels['paper']"])
-        with pytest.raises(StopIteration):  # the bad batch ended the epoch
-            next(it)
+        with pytest.raises(pingpong.EpochFailedError, match="failed after 1 batches"):
+            next(it)  # the bad batch ended the epoch
         # the next epoch works
         check_where_the_model_reads(device, next(iter(loader)), features, labels)
 

@@ -51,7 +51,8 @@ def test_a_failed_epoch_says_failed():
         with pytest.raises(ValueError, match="sampler failed"):
             next(it)
         assert it.state is EpochState.FAILED
-        with pytest.raises(StopIteration):
+        with pytest.raises(pingpong.EpochFailedError,
+                           match=r"failed after 2 batches \(ValueError: sampler failed\)"):
             next(it)
 
 

@@ -15,6 +15,7 @@ EXPECTED = {
     "CustomBatch",
     "EdgeBatch",
     "EdgeBlock",
+    "EpochFailedError",
     "EpochSupersededError",
     "GatherModeUnavailable",
     "HeteroEdgeBlock",

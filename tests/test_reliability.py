@@ -505,7 +505,7 @@ def test_debug_check_catches_a_slot_refilled_while_held(monkeypatch):
         time.sleep(0.3)  # the producer refills the slot we hold
         with pytest.raises(SlotOverwriteError, match="refilled while the training loop held"):
             next(it)
-        with pytest.raises(StopIteration):
+        with pytest.raises(pingpong.EpochFailedError, match=r"\(SlotOverwriteError: slot "):
             next(it)
 
 

@@ -180,7 +180,7 @@ def test_a_failing_fetch_reaches_the_training_loop_with_its_own_exception():
         with pytest.raises(ConnectionError, match="server 1 is gone") as info:
             next(it)
         assert "pingpong thread" in "".join(getattr(info.value, "__notes__", []))
-        with pytest.raises(StopIteration):
+        with pytest.raises(pingpong.EpochFailedError, match="server 1 is gone"):
             next(it)
 
 
