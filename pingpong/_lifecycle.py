@@ -275,10 +275,11 @@ def _wait_for_rpc_client(timeout: float) -> None:
 
 # Sources whose iter() ends or resets an open iterator, and the last epoch (of
 # any loader) that iterates each: weak references to its producer thread (a
-# running thread stays reachable through ``threading``) and to the epoch, and
-# the producer's exit mark (alive: the thread is, and has not marked its exit).
+# running thread stays reachable through ``threading``) and to the epoch, the
+# producer's exit mark (alive: the thread is, and has not marked its exit), and
+# whether it takes turns in DGL's RPC client.
 _shared_sources: weakref.WeakKeyDictionary[
-    object, tuple[weakref.ref[threading.Thread], weakref.ref[Epoch], Latch]] = (
+    object, tuple[weakref.ref[threading.Thread], weakref.ref[Epoch], Latch, bool]] = (
     weakref.WeakKeyDictionary())
 _shared_sources_lock = threading.Lock()
 
@@ -297,6 +298,11 @@ def _start_claiming(source: object | None, epoch: Epoch) -> None:
     epoch that another thread's ``iter()`` started over ``source`` during that
     wait is superseded in turn (the last ``iter()`` wins).  The loader's own
     previous epoch has been retired before this is called.
+
+    No :class:`SourceBusyError` when both producers take turns in DGL's RPC
+    client (:mod:`pingpong._rpc`): ``epoch`` starts, and its producer's
+    ``iter(source)`` waits for the turn that the stuck one holds; an ended
+    producer that gets the turn steps the source no more.
     """
     if source is None or not _can_key(source):
         epoch.start()
@@ -307,9 +313,11 @@ def _start_claiming(source: object | None, epoch: Epoch) -> None:
             record = _shared_sources.get(source)
             thread = record[0]() if record is not None else None
             other = record[1]() if record is not None else None
-            if thread is None or record is None or not thread.is_alive() or record[2].is_set():
+            if (thread is None or record is None or not thread.is_alive()
+                    or record[2].is_set()
+                    or (record[2] is waited_for and record[3] and epoch.takes_rpc_turns)):
                 _shared_sources[source] = (weakref.ref(epoch.thread), weakref.ref(epoch),
-                                           epoch.producer_exited)
+                                           epoch.producer_exited, epoch.takes_rpc_turns)
                 epoch.start()  # under the lock: no other claim sees it unstarted
                 return
         if record[2] is waited_for:  # the same producer, still inside after the wait
@@ -384,7 +392,11 @@ class LoaderCore:
                 # from a source whose iter() resets a shared iterator (torchdata #1482).
                 previous.retire(JOIN_TIMEOUT_S)
                 previous.hand_back_lease()
-                if previous.producer_alive() and self.shared_iterator_source is not None:
+                # Not for producers that take turns in DGL's RPC client (a loader's
+                # epochs all do, or none): the new one's iter(source) waits for the
+                # turn the stuck one holds, which never steps the source again.
+                if (previous.producer_alive() and self.shared_iterator_source is not None
+                        and not previous.takes_rpc_turns):
                     raise _source_busy_error("this PingPongLoader's previous epoch",
                                             previous.thread.name)
             self.epoch = None

@@ -66,8 +66,8 @@ exception                          raised when
                                    producer -- this loader's or another's over
                                    the same source -- is still inside a source
                                    whose ``iter()`` ends or resets the one open
-                                   (persistent DataLoader workers, datapipes)
-                                   (``RuntimeError``)
+                                   (persistent DataLoader workers, datapipes),
+                                   outside a DistDGL client (``RuntimeError``)
 :class:`RpcTurnError`              ``next()`` on a DistDGL loader by a thread
                                    inside :func:`pingpong.rpc_turn` (its
                                    producer could never take its turn)
@@ -179,6 +179,11 @@ class SourceBusyError(PingPongError, RuntimeError):
     returns.  The same for another loader's producer over that source: a new
     ``iter()`` ends that loader's running epoch (its iterator raises
     :class:`EpochSupersededError`) and waits for its producer 2 s.
+
+    Not raised in a process with a DGL RPC client (a DistDGL trainer), where
+    producers take turns in the client (:func:`pingpong.rpc_turn`): the new
+    pass waits for the turn the stuck producer holds, and that producer,
+    ended, never steps the source again.
     """
 
 

@@ -893,10 +893,12 @@ def test_old_producer_does_not_steal_from_the_new_epoch():
 
 
 class SlowOnce(torch.utils.data.Dataset):
-    """Items 0..7; item 2 takes ``stall_s`` while the shared flag is set."""
+    """Items 0..7; item 2 takes ``stall_s`` while the shared flag ``stall`` is
+    set, and sets the shared flag ``stalling`` as it starts."""
 
     def __init__(self, stall_s: float) -> None:
         self.stall = torch.zeros(1).share_memory_()
+        self.stalling = torch.zeros(1).share_memory_()
         self.stall_s = stall_s
 
     def __len__(self) -> int:
@@ -904,6 +906,7 @@ class SlowOnce(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> int:
         if i == 2 and self.stall[0] == 1:
+            self.stalling[0] = 1
             time.sleep(self.stall_s)
         return i
 
@@ -1071,6 +1074,63 @@ def test_no_new_pass_of_a_datapipe_under_a_stuck_ended_producer(next_pass):
             iter(loader)
         assert sorted(_exact_items(_iter_once_the_source_is_free(loader), features)) == \
             list(range(8))
+
+
+class _SignalledStallPipe(torch.utils.data.IterDataPipe):
+    """Items 0..7 as a datapipe; item 2 stalls ``stall_s`` once, when armed, and
+    sets ``stalling`` as it starts."""
+
+    def __init__(self, stall_s: float) -> None:
+        self.stall_s = stall_s
+        self.armed = False
+        self.stalling = threading.Event()
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for i in range(8):
+            if i == 2 and self.armed:
+                self.armed = False
+                self.stalling.set()
+                time.sleep(self.stall_s)
+            yield torch.tensor([i])
+
+
+@pytest.mark.parametrize("next_pass", ["same loader", "another loader"])
+@pytest.mark.parametrize("kind", ["a datapipe", "persistent workers"])
+def test_producers_that_take_rpc_turns_start_a_new_pass_under_a_stuck_one(
+        kind, next_pass, monkeypatch):
+    """In a DistDGL client (producers take turns in DGL's RPC client) an ended
+    producer stuck inside a source step holds the turn, and once it has it back
+    it steps the source no more: the next pass is safe, and ``iter()`` is not
+    refused with ``SourceBusyError`` (as it was, after its 2 s wait).  The new
+    pass waits for the turn -- its reset of the source's one iterator comes
+    after the stuck step -- and is whole and exact."""
+    monkeypatch.setattr(pingpong._rpc, "lock_for_process", lambda: pingpong._rpc.RPC_LOCK)
+    features = torch.randn(8, 3)
+    if kind == "a datapipe":
+        pipe = _SignalledStallPipe(stall_s=4.0)
+        source: Any = pipe.shuffle(buffer_size=4)
+        pipe.armed = True
+        stalling = pipe.stalling.is_set
+    else:
+        dataset = SlowOnce(stall_s=4.0)
+        source = _persistent_source(dataset)
+        dataset.stall[0] = 1
+        stalling = lambda: bool(dataset.stalling[0] == 1)  # noqa: E731
+    with PingPongLoader(source, features, form=_item_form, timeout=20) as first, \
+            PingPongLoader(source, features, form=_item_form, timeout=20) as second:
+        epoch = iter(first)
+        if kind == "persistent workers":
+            next(epoch), next(epoch)  # the producer then waits for item 2, or 3
+        assert wait_until(stalling, 10.0)
+        if kind == "persistent workers":
+            dataset.stall[0] = 0  # read by the worker on its next item, not the stalled one
+        time.sleep(0.3)  # the producer is inside next(source), behind the stalled item
+        del epoch  # ended; its producer is inside the stalled step, holding the turn
+        loader = first if next_pass == "same loader" else second
+        items = _exact_items(iter(loader), features)
+        assert sorted(items) == list(range(8))
+        if kind == "persistent workers":
+            assert items == list(range(8))
 
 
 class _GatedPipe(torch.utils.data.IterDataPipe):
