@@ -183,7 +183,7 @@ def make_feature_cache(
     hot = None
     if hot_ids is not None:
         if isinstance(hot_ids, torch.Tensor):
-            hot_ids = hot_ids.cpu().numpy()
+            hot_ids = hot_ids.detach().cpu().numpy()
         hot = np.asarray(hot_ids)
         if hot.ndim != 1 or (hot.size and not np.issubdtype(hot.dtype, np.integer)):
             raise ConfigError(f"hot_ids must be 1-D integers, got {hot.dtype} {hot.shape}")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ._integers import Count, integer
-from .errors import ConfigError, IdRangeError, IdTypeError, TableError
+from .errors import ConfigError, IdRangeError, IdShapeError, IdTypeError, TableError
 
 __all__ = ["NOT_CACHED", "RowCounter", "build_slot_map", "hit_rate", "rows_within"]
 
@@ -47,7 +47,7 @@ def _checked_ids(ids: torch.Tensor, num_rows: int) -> torch.Tensor:
     if ids.dtype not in _INT_DTYPES:
         raise IdTypeError(f"ids must be int64 or int32, got {ids.dtype}")
     if ids.dim() != 1:
-        raise IdTypeError(f"ids must be 1-D, got shape {tuple(ids.shape)}")
+        raise IdShapeError(f"ids must be 1-D, got shape {tuple(ids.shape)}")
     ids = ids.to(device="cpu", dtype=torch.int64)
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= num_rows):
         bad = ids[(ids < 0) | (ids >= num_rows)][0]
@@ -77,7 +77,8 @@ class RowCounter:
         """Count one batch's ids (1-D int64/int32, any device).
 
         Raises:
-            IdTypeError: not a 1-D integer tensor.
+            IdTypeError: not an int32/int64 tensor (:class:`IdShapeError`, a
+                subclass, if it is not 1-D).
             IdRangeError: an id is negative or ``>= num_rows``; nothing is counted.
         """
         ids = _checked_ids(ids, self.num_rows)
@@ -125,12 +126,13 @@ def hit_rate(hot_ids: torch.Tensor, counts: torch.Tensor) -> float:
 
     ``counts`` is a :attr:`RowCounter.counts` (how often each row was
     gathered); duplicates in ``hot_ids`` count once. 0.0 when nothing was
-    gathered.
+    gathered. ``hot_ids`` is checked as by :meth:`RowCounter.add` (also when
+    nothing was gathered).
     """
+    hot_ids = _checked_ids(hot_ids, len(counts))
     total = int(counts.sum())
     if total == 0:
         return 0.0
-    hot_ids = _checked_ids(hot_ids, len(counts))
     held = torch.zeros(len(counts), dtype=torch.bool)
     held[hot_ids] = True
     return int(counts[held].sum()) / total
@@ -140,13 +142,17 @@ def build_slot_map(num_rows: int, hot_ids: Any) -> np.ndarray:
     """The host int32 ``slot_of`` for a cache holding ``hot_ids`` (in that order).
 
     Raises:
-        IdTypeError: ``hot_ids`` is not a 1-D integer array.
+        IdTypeError: ``hot_ids`` is not an integer array (:class:`IdShapeError`,
+            a subclass, if it is not 1-D).
         IdRangeError: an id is outside ``[0, num_rows)``.
         TableError: an id appears twice, or more than 2**31 - 1 rows are cached.
     """
-    hot = np.asarray(hot_ids.cpu().numpy() if hasattr(hot_ids, "cpu") else hot_ids)
-    if hot.ndim != 1 or (hot.size and not np.issubdtype(hot.dtype, np.integer)):
-        raise IdTypeError(f"hot_ids must be 1-D integers, got {hot.dtype} of shape {hot.shape}")
+    hot = np.asarray(hot_ids.detach().cpu().numpy() if isinstance(hot_ids, torch.Tensor)
+                     else hot_ids)
+    if hot.ndim != 1:
+        raise IdShapeError(f"hot_ids must be 1-D, got shape {hot.shape}")
+    if hot.size and not np.issubdtype(hot.dtype, np.integer):
+        raise IdTypeError(f"hot_ids must be integers, got {hot.dtype}")
     if len(hot) > np.iinfo(np.int32).max:
         raise TableError(f"at most {np.iinfo(np.int32).max} rows can be cached, got {len(hot)}")
     if len(hot) and (int(hot.min()) < 0 or int(hot.max()) >= num_rows):  # before any cast

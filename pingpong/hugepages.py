@@ -38,11 +38,13 @@ import math
 import mmap
 import sys
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ._integers import integer
 from .errors import ConfigError
 
 __all__ = [
@@ -153,7 +155,9 @@ def empty_table(
             normal pages (it is still returned).
 
     Raises:
-        ValueError: an unknown ``pages`` or a negative dimension.
+        ValueError: an unknown ``pages``, a negative dimension, or a ``shape`` that
+            is not an int (NumPy integers count; bools do not) or a sequence of them
+            (:class:`~pingpong.ConfigError`).
         MemoryError / OSError: the memory itself could not be mapped.
     """
     return _allocate(shape, dtype, pages, stacklevel=1)
@@ -165,7 +169,12 @@ def _allocate(
     """:func:`empty_table`; ``stacklevel=1``: warnings name the public function's caller."""
     if pages not in PAGE_KINDS:
         raise ConfigError(f"pages must be one of {PAGE_KINDS}, got {pages!r}")
-    size = torch.Size((shape,) if isinstance(shape, int) else tuple(shape))
+    dims: list[object] = [shape] if integer(shape) is not None or isinstance(shape, bool) else (
+        list(shape) if isinstance(shape, Iterable) and not isinstance(shape, str) else [None])
+    ints = [integer(dim) for dim in dims]
+    if any(dim is None for dim in ints):
+        raise ConfigError(f"shape must be an int or a sequence of ints, got {shape!r}")
+    size = torch.Size(dim for dim in ints if dim is not None)
     if any(dim < 0 for dim in size):
         raise ConfigError(f"negative dimension in shape {tuple(size)}")
     itemsize = torch.empty((), dtype=dtype).element_size()

@@ -167,6 +167,30 @@ def _bad_calls():
     ]
 
 
+@pytest.mark.skipif(not kc.is_simulator(), reason="NumPy arrays are device arrays only "
+                    "under the simulator")
+@pytest.mark.parametrize("gather", ["plain", "cached"])
+@pytest.mark.parametrize("case", ["read-only out", "object", "structured"])
+def test_host_arrays_the_kernels_cannot_write_or_copy_are_refused_by_name(case, gather):
+    """From a code review: the cached gather launched into a read-only ``out``
+    (NumPy's ``ValueError`` from the kernel), and object or structured dtypes
+    failed in the word view."""
+    dtype = {"object": np.dtype(object),
+             "structured": np.dtype([("a", np.int8), ("b", np.float64)])}.get(case, np.float32)
+    table = np.zeros((10, 4), dtype)
+    out = np.zeros((2, 4), dtype)
+    out.flags.writeable = case != "read-only out"
+    ids = np.array([1, 3])
+    needle = {"read-only out": "writeable", "object": "Python objects",
+              "structured": "structured"}[case]
+    with pytest.raises(errors.TableError, match=needle):
+        if gather == "plain":
+            kc.gather_rows_cuda(table, ids, out, **SMALL)
+        else:
+            cache, slot_of = np.zeros((1, 4), dtype), np.full(10, -1, np.int32)
+            cached.gather_rows_cached(table, cache, slot_of, ids, out, **SMALL)
+
+
 @pytest.mark.parametrize("case", range(9))
 def test_bad_arguments_raise_before_any_launch_and_out_is_untouched(case):
     table, cases = _bad_calls()

@@ -218,6 +218,8 @@ def test_labels_duplicates_and_empty_batches_are_exact_in_every_epoch():
         ({"cache_bytes": 64, "hot_ids": torch.tensor([1, 1])}, TableError, "distinct"),
         ({"cache_bytes": 64, "hot_ids": torch.tensor([[1]])}, ConfigError, "1-D"),
         ({"cache_bytes": 64, "hot_ids": torch.tensor([1.0])}, ConfigError, "1-D"),
+        ({"cache_bytes": 64, "hot_ids": torch.tensor([1.0], requires_grad=True)}, ConfigError,
+         "1-D"),
         ({"cache_bytes": 64, "hot_ids": torch.tensor([], dtype=torch.int64)}, ConfigError,
          "hot_ids is empty"),
         ({"cache_bytes": 64, "hot_ids": np.array([2**63 + 5], dtype=np.uint64)}, IdRangeError,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pingpong.errors import ConfigError, IdRangeError, IdTypeError, PingPongError
+from pingpong.errors import ConfigError, IdRangeError, IdShapeError, IdTypeError, PingPongError
 from pingpong.hotrows import RowCounter, build_slot_map, hit_rate, rows_within
 
 
@@ -57,7 +57,7 @@ def test_hottest_matches_a_sort_by_hand() -> None:
         (torch.tensor([1, 2, 10]), IdRangeError),
         (torch.tensor([-1, 2]), IdRangeError),
         (torch.tensor([1.0, 2.0]), IdTypeError),
-        (torch.tensor([[1, 2]]), IdTypeError),
+        (torch.tensor([[1, 2]]), IdShapeError),
         ([1, 2], IdTypeError),
     ],
 )
@@ -92,6 +92,20 @@ def test_hit_rate_equals_a_count_by_hand() -> None:
     assert hit_rate(torch.arange(500), counter.counts) == 1.0
     assert hit_rate(torch.empty(0, dtype=torch.int64), counter.counts) == 0.0
     assert hit_rate(hot, torch.zeros(500, dtype=torch.int64)) == 0.0
+    # bad hot ids are refused also when nothing was gathered (it returned 0.0)
+    with pytest.raises(IdRangeError, match="id -5 is outside the table's 500 rows"):
+        hit_rate(torch.tensor([-5, 499]), torch.zeros(500, dtype=torch.int64))
+
+
+@pytest.mark.parametrize(("hot_ids", "error", "needle"), [
+    (np.array([[0, 1]]), IdShapeError, "1-D"),
+    (torch.tensor([[0, 1]]), IdShapeError, "1-D"),
+    (np.array([0.0, 1.0]), IdTypeError, "float64"),
+    (torch.tensor([0.0, 1.0], requires_grad=True), IdTypeError, "float32"),
+])
+def test_build_slot_map_names_the_problem_with_hot_ids(hot_ids, error, needle) -> None:
+    with pytest.raises(error, match=needle):
+        build_slot_map(5, hot_ids)
 
 
 def test_hottest_rows_are_the_best_static_choice() -> None:

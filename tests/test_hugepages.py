@@ -198,6 +198,12 @@ def test_bad_arguments():
         hp.empty_table((2, 2), pages="gigantic")
     with pytest.raises(ValueError, match="negative"):
         hp.empty_table((2, -1))
+    # from a code review: True was shape (1,), np.int64(5) a TypeError from torch
+    for shape in (True, (2, True), (2, 2.0), 2.0, "3", None):
+        with pytest.raises(ValueError, match="shape must be an int or a sequence of ints"):
+            hp.empty_table(shape)
+    assert hp.empty_table(np.int64(5)).shape == (5,)
+    assert hp.empty_table((np.int32(3), 2)).shape == (3, 2)
     with pytest.raises(ValueError, match="CPU tensor"):
         hp.page_report(torch.empty(1, device="meta"))
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import pingpong
+from pingpong.errors import TableError
 from pingpong.kernels import gather_rows_cpu
 from pingpong.kernels.cpu import as_words
 
@@ -98,6 +99,19 @@ def test_bad_shapes_and_layouts():
     readonly.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
         gather_rows_cpu(table, ids, readonly)
+
+
+@pytest.mark.parametrize(("dtype", "needle"), [
+    (np.dtype(object), "Python objects"),
+    (np.dtype([("a", np.int8), ("b", np.float64)]), r"structured.*view\(np.uint8\)"),
+])
+def test_object_and_structured_tables_are_refused_by_name(dtype, needle):
+    """From a code review: they failed inside the word view with NumPy's
+    ``TypeError``/``ValueError`` (after the checks, before any write)."""
+    table = np.zeros((10, 2), dtype)
+    out = np.zeros((2, 2), dtype)
+    with pytest.raises(TableError, match=needle):
+        gather_rows_cpu(table, np.array([1, 2]), out)
 
 
 def test_two_threads_running_parallel_numba_at_once():

@@ -21,7 +21,9 @@ __all__ = [
 
 #: Every value the ``gather`` argument accepts.
 GATHER_MODES = ("auto", "cpu", "zerocopy", "staged", "device")
-#: Every value the ``sort_ids`` argument accepts (see :mod:`pingpong.devices.cuda`).
+#: Every value the ``sort_ids`` argument accepts: ``auto`` sorts on the GPU in
+#: ``zerocopy`` (where reading host memory in address order pays) and nowhere else
+#: (see :mod:`pingpong.devices.cuda`).
 SORT_IDS = ("auto", "gpu", "none")
 _CUDA_MODES = ("zerocopy", "staged", "device")
 

@@ -28,10 +28,12 @@ def check_id_array(ids: np.ndarray, name: str = "ids") -> None:
 
 
 def check_gather_shapes(table: object, ids: object, out: object) -> None:
-    """Raise unless ``table[ids]`` fits ``out`` exactly (2-D table and out).
+    """Raise unless ``table[ids]`` fits ``out`` exactly (2-D table and out of one
+    plain dtype, ``out`` writeable).
 
     Works on anything with ``shape``, ``ndim`` and ``dtype`` (NumPy arrays,
-    Numba device arrays).
+    Numba device arrays); writeability is checked on NumPy arrays only.
+    Object and structured dtypes are refused: the kernels copy rows as words.
     """
     t_shape = tuple(table.shape)  # type: ignore[attr-defined]
     o_shape = tuple(out.shape)  # type: ignore[attr-defined]
@@ -49,6 +51,15 @@ def check_gather_shapes(table: object, ids: object, out: object) -> None:
         raise TableError(
             f"out dtype {out.dtype} differs from table dtype {table.dtype}"  # type: ignore[attr-defined]
         )
+    dtype = np.dtype(table.dtype)  # type: ignore[attr-defined]
+    if dtype.hasobject:
+        raise TableError(f"table dtype {dtype} holds Python objects, which cannot be "
+                         "gathered as bytes; use a numeric dtype")
+    if dtype.fields is not None:
+        raise TableError(f"table dtype {dtype} is structured; gather its bytes instead "
+                         "(table.view(np.uint8) and out.view(np.uint8))")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise TableError("out must be writeable")
 
 
 def raise_out_of_range(ids: np.ndarray, num_rows: int, name: str = "ids") -> None:

@@ -160,8 +160,6 @@ def gather_rows_cpu(table: np.ndarray, ids: np.ndarray, out: np.ndarray) -> None
     check_gather_shapes(table, ids, out)
     if not table.flags.c_contiguous or not out.flags.c_contiguous:
         raise TableError("table and out must be C-contiguous")
-    if not out.flags.writeable:
-        raise TableError("out must be writeable")
     check_id_range(ids, table.shape[0])
     gather_rows_cpu_unchecked(table, ids, out)
 

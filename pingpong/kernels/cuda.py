@@ -750,8 +750,6 @@ def gather_rows_cuda(
     check_gather_shapes(table, ids, out)
     if not _is_c_contiguous(table) or not _is_c_contiguous(out):
         raise TableError("table and out must be C-contiguous")
-    if isinstance(out, np.ndarray) and not out.flags.writeable:
-        raise TableError("out must be writeable")
     _check_tuning(threads_per_row, threads_per_block, max_blocks)
     check_ids_in_range(ids, int(table.shape[0]), stream)
     gather_rows_cuda_unchecked(

@@ -41,6 +41,7 @@ from ..._integers import Count
 from ...errors import ConfigError, GatherModeUnavailable
 from ...rowsource import FetchedRows, RemoteTable
 from ...store import FeatureStore, HostTable, byte_rows
+from .. import SORT_IDS
 from ..base import Device, Event
 from ..cpu import CPUDevice, local_parts
 from ._modes import DeviceGather, GatherMode, StagedGather, ZeroCopyGather
@@ -63,9 +64,6 @@ logger = logging.getLogger(__name__)
 #: its activations and the slots; otherwise ``zerocopy``.
 AUTO_DEVICE_SHARE = 0.5
 
-#: Values of the loader's ``sort_ids``: ``auto`` sorts on the GPU in ``zerocopy``
-#: (where reading host memory in address order pays) and nowhere else.
-SORT_IDS = ("auto", "gpu", "none")
 
 
 def choose_gather_mode(table_bytes: int, free_bytes: int) -> str:

@@ -28,11 +28,8 @@ from ...kernels._warmup import WarmUpThread
 from ...kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked, warm_up_cuda
 from ...kernels.cuda_cached import gather_rows_cached_unchecked
 from ...store import FeatureStore, HostTable, byte_rows
-from ..cpu import gather_host_rows
+from ..cpu import WARM_UP_JOIN_S, gather_host_rows
 from ._streams import CopyStream, IdStager
-
-#: How long ``close()`` waits for a kernel warm-up's step in progress.
-WARM_UP_JOIN_S = 1.0
 
 
 class GatherMode(abc.ABC):
