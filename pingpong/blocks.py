@@ -42,14 +42,17 @@ class EdgeBlock:
 
     @property
     def num_edges(self) -> int:
+        """How many edges the block has (the length of ``src`` and ``dst``)."""
         return int(self.src.shape[0])
 
     @property
     def device(self) -> torch.device:
+        """Where the edge tensors are."""
         return self.src.device
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> EdgeBlock:
-        """Copy the edge tensors to ``device`` (node counts are plain ints)."""
+        """Copy the edge tensors to ``device`` (node counts are plain ints);
+        ``non_blocking`` is passed to ``Tensor.to`` (asynchronous from pinned memory)."""
         return EdgeBlock(
             self.src.to(device, non_blocking=non_blocking),
             self.dst.to(device, non_blocking=non_blocking),
@@ -107,7 +110,8 @@ class HeteroEdgeBlock:
         return torch.device("cpu") if first is None else first.device
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> HeteroEdgeBlock:
-        """Copy every edge type's tensors to ``device`` (node counts are plain ints)."""
+        """Copy every edge type's tensors to ``device`` (node counts are plain ints);
+        ``non_blocking`` is passed to ``Tensor.to``."""
         return HeteroEdgeBlock(
             {etype: block.to(device, non_blocking=non_blocking)
              for etype, block in self.edges.items()},

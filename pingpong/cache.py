@@ -83,6 +83,7 @@ class FeatureCache:
 
     @property
     def built(self) -> bool:
+        """True once the hot rows are on the device (batches read them from the cache)."""
         return self.slot_of is not None
 
     def build_if_ready(self, device: Device) -> bool:

@@ -220,7 +220,8 @@ def _allocate(
 def table_like(tensor: torch.Tensor, *, pages: str = "thp") -> torch.Tensor:
     """A copy of ``tensor`` (any device) in a new host table from :func:`empty_table`.
 
-    Shape and dtype are kept; the copy is C-contiguous and on the CPU.
+    Shape and dtype are kept; the copy is C-contiguous and on the CPU.  ``pages``
+    as for :func:`empty_table`.
     """
     table = _allocate(tensor.shape, tensor.dtype, pages, stacklevel=1)
     table.copy_(tensor.detach())

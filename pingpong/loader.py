@@ -181,7 +181,8 @@ class PingPongLoader(Iterable[Any]):
             the training loop waits and the producer gets the cores anyway.
             Default (``None``): on the CPU 10, where the training step's torch
             threads use every core (a 2-core VM: ``train_sage.py``'s epochs
-            went from slower than the plain loop to faster; the guide); on
+            went from slower than the plain loop to level with it; the
+            guide); on
             CUDA 0 (not measured there); in a DistDGL client process 0
             (measured mixed).  ``loader.producer_nice`` says which,
             ``stats["niced_epochs"]`` how many epochs applied it.  Only ever
@@ -425,6 +426,8 @@ class PingPongLoader(Iterable[Any]):
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` was called (or the ``with`` block left); ``iter()``
+        then raises :class:`LoaderClosedError`."""
         return self._core.closed
 
     def __enter__(self) -> PingPongLoader:
@@ -446,6 +449,7 @@ class PingPongLoader(Iterable[Any]):
 
     @property
     def num_buffers(self) -> int:
+        """How many slots the loader has (the ``num_buffers`` it was built with)."""
         return len(self._slots)
 
     @property

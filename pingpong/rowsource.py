@@ -111,10 +111,14 @@ class RowSource(Protocol):
     """The row-source protocol (see the module docstring), for type checkers."""
 
     @property
-    def shape(self) -> Any: ...
+    def shape(self) -> Any:
+        """``(N, *row_shape)``: N rows (ids ``0 .. N-1``), each of ``row_shape``."""
+        ...
 
     @property
-    def dtype(self) -> torch.dtype: ...
+    def dtype(self) -> torch.dtype:
+        """The dtype of the rows ``__getitem__`` returns."""
+        ...
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor: ...
 

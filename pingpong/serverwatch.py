@@ -88,7 +88,8 @@ class ServerWatch:
     Built from connections that exist now (see :meth:`of_connections`); it
     keeps a duplicate file descriptor of each, so it reads the state of the
     very socket the RPC library uses even if that library closes its own
-    descriptor and the number is reused.  Thread-safe; :meth:`close` is
+    descriptor and the number is reused.  ``watched``: each server with that
+    duplicate socket (the watch owns and closes them).  Thread-safe; :meth:`close` is
     idempotent.  After it :meth:`check` reads no connection: it raises again a
     loss it saw before the close, and sees no later one -- ask it while the
     loader is open.

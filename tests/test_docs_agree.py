@@ -107,3 +107,41 @@ def test_the_guides_errors_table_names_every_exception_and_its_builtins() -> Non
         nearest = {b.__name__ for b in found
                    if not any(c is not b and issubclass(c, b) for c in found)}
         assert set(also) == nearest, name
+
+
+def _test_names_defined() -> set[str]:
+    """Every test under tests/ by name: ``def test_*`` (functions and methods) and
+    ``test_* = Machine.TestCase`` (hypothesis state machines)."""
+    names = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {name for name in names if name.startswith("test_")}
+
+
+def test_every_test_the_docs_name_exists():
+    """A test named in README.md or docs/ (as evidence for a claim) is a test that
+    exists: ``test_x`` by its full name, ``test_x…`` / ``…x…`` as a part of one,
+    ``test_x.py`` as a file.  Two such names went stale when their tests were
+    renamed (found by a docs review)."""
+    defined = _test_names_defined()
+    files = {path.name for path in (ROOT / "tests").rglob("test_*.py")}
+    stale = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.*"))]:
+        if doc.suffix not in (".md", ".rst"):
+            continue
+        text = doc.read_text()
+        for match in re.finditer(r"(…)?(test_[a-z0-9_]+)(\.py)?(…)?", text):
+            before, name, py, after = match.groups()
+            if py:
+                found = name + ".py" in files
+            elif before or after:
+                found = any(name in test for test in defined)
+            else:
+                found = name in defined
+            if not found:
+                stale.append(f"{doc.name}: {match.group(0)}")
+    assert stale == []

@@ -81,7 +81,8 @@ in_progress = False
 
 
 class WarmUpThread:
-    """One warm-up: ``work(should_stop)`` on a ``pingpong-warmup-N`` thread.
+    """One warm-up: ``work(should_stop)`` on a ``pingpong-warmup-N`` thread (or
+    the thread ``name`` given).
 
     Attributes:
         done: set when the work ended (finished, failed or stopped).
@@ -193,5 +194,6 @@ def _register_atexit() -> None:
 
 
 def start_warm_up(work: Work, name: str | None = None) -> WarmUpThread:
-    """Start ``work(should_stop)`` on a new warm-up thread and return it."""
+    """Start ``work(should_stop)`` on a new warm-up thread (named ``name``, by default
+    ``pingpong-warmup-N``) and return it."""
     return WarmUpThread(work, name).start()
