@@ -38,13 +38,13 @@ import math
 import mmap
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ._integers import integer
+from ._integers import Count, integer
 from .errors import ConfigError
 
 __all__ = [
@@ -138,7 +138,7 @@ def _hugetlb_mapping(nbytes: int) -> mmap.mmap | str:
 
 
 def empty_table(
-    shape: int | tuple[int, ...] | torch.Size,
+    shape: Count | Sequence[Count] | torch.Size,
     dtype: torch.dtype = torch.float32,
     *,
     pages: str = "thp",
@@ -164,7 +164,7 @@ def empty_table(
 
 
 def _allocate(
-    shape: int | tuple[int, ...] | torch.Size, dtype: torch.dtype, pages: str, stacklevel: int
+    shape: Count | Sequence[Count] | torch.Size, dtype: torch.dtype, pages: str, stacklevel: int
 ) -> torch.Tensor:
     """:func:`empty_table`; ``stacklevel=1``: warnings name the public function's caller."""
     if pages not in PAGE_KINDS:

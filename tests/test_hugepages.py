@@ -7,6 +7,7 @@ import mmap
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,7 +200,8 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="negative"):
         hp.empty_table((2, -1))
     # from a code review: True was shape (1,), np.int64(5) a TypeError from torch
-    for shape in (True, (2, True), (2, 2.0), 2.0, "3", None):
+    bad: list[Any] = [True, (2, True), (2, 2.0), 2.0, "3", None]
+    for shape in bad:
         with pytest.raises(ValueError, match="shape must be an int or a sequence of ints"):
             hp.empty_table(shape)
     assert hp.empty_table(np.int64(5)).shape == (5,)
