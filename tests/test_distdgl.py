@@ -329,7 +329,13 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
     restarts the one iterator both read (from a code review: each loader's
     wrapper hid it, and a ``zip`` of the two silently split its batches): the
     newer ``iter()`` ends the other's epoch, as over a persistent-worker
-    DataLoader, and a whole epoch of each is exact."""
+    DataLoader, and a whole epoch of each is exact.
+
+    Then an epoch left while its producer is inside a DGL step that takes 4 s (a
+    stalling sampler): a new epoch of the same loader, and of another loader over
+    the same DGL loader, is not refused (``SourceBusyError`` after 2 s, before:
+    the producers take turns in DGL's RPC client, and the stuck one, ended, never
+    steps DGL's loader again); it waits for the step and is whole and exact."""
     ranks = run_clean_job("early-exit", tmp_path, part_dir)
     for report in ranks:
         assert report["errors"] == [], job_logs(tmp_path)
@@ -339,6 +345,7 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
         assert report["checked"] == 8 * (2 + val) + 2 * val + report["train_batches"]
         assert report["shared"] == ["zip: superseded", "nested: superseded"]
         assert report["shared_checked"] == 1 + val + 2 * val
+        assert report["under_a_stuck_step"] == ["same loader: whole", "another loader: whole"]
         assert report["wrong"] == 0
 
 

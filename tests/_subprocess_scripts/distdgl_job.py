@@ -56,8 +56,11 @@ Modes (what a trainer does):
     Eight times: two batches of a training loader, ``break``, then at once a
     whole epoch of a validation loader; then both loaders in one ``zip``; then
     an epoch of the training loader in which the training thread pulls each
-    batch's output-node features itself, inside ``pingpong.rpc_turn()``. Every
-    batch and pull checked against the original tables; errors recorded.
+    batch's output-node features itself, inside ``pingpong.rpc_turn()``; then
+    two loaders over one ``DistNodeDataLoader`` (zip, nested); then, over one
+    whose sampler stalls 4 s in one step, a loop left while its producer is in
+    that step and at once a new epoch of the same loader, then of another.
+    Every batch and pull checked against the original tables; errors recorded.
 ``temporary`` / ``temporary-samplers``
     Temporary loaders, never named or closed (``for batch in
     PingPongLoader(...)``) over the same ``DistNodeDataLoader``: three left
@@ -1060,10 +1063,77 @@ def trainer_early_exit(tr: td.Trainer, out: Path, part_dir: Path) -> dict[str, A
         except Exception as exc:  # noqa: BLE001 - recorded for the test
             errors.append(f"two loaders, one source: {type(exc).__name__}: {exc}"[:300])
             shared = []
+        shared_checked = truth.checked - checked_before
         val_batches, train_batches = len(val_loader), len(train_loader)
+    under_a_stuck_step = new_passes_under_a_stuck_step(tr, feat, label, check)
     return {"checked": checked_before, "wrong": truth.wrong, "errors": errors,
             "val_batches": val_batches, "train_batches": train_batches, "own_pulls": own_pulls,
-            "shared": shared, "shared_checked": truth.checked - checked_before}
+            "shared": shared, "shared_checked": shared_checked,
+            "under_a_stuck_step": under_a_stuck_step}
+
+
+def stalling_sampler(fanouts: list[int], stall_s: float) -> Any:
+    """DGL's neighbour sampler whose next ``sample_blocks`` after ``arm()`` first
+    sleeps ``stall_s`` (``stalling`` is set as it starts): a DGL step that outlasts
+    pingpong's 2 s wait for an ended producer."""
+    import threading
+
+    import dgl
+
+    class Stalling(dgl.dataloading.NeighborSampler):
+        def arm(self) -> None:
+            self.stalling = threading.Event()
+            self.armed = True
+
+        def sample_blocks(self, *args: Any, **kwargs: Any) -> Any:
+            if getattr(self, "armed", False):
+                self.armed = False
+                self.stalling.set()
+                time.sleep(stall_s)
+            return super().sample_blocks(*args, **kwargs)
+
+    return Stalling(fanouts)
+
+
+def new_passes_under_a_stuck_step(tr: td.Trainer, feat: Any, label: Any,
+                                  check: Any) -> list[str]:
+    """Over a ``DistNodeDataLoader`` (256 validation nodes, batch 64) whose sampler
+    stalls 4 s in one step: an epoch left while its producer is in that step, then
+    at once a whole epoch of the same loader, then (again) of a second loader over
+    the same DGL loader.  For each: what the new epoch did -- "whole" when it
+    gave every seed once and waited for the stuck step (its producer restarts
+    DGL's loader only with the turn in DGL's RPC client), or the error."""
+    import dgl
+
+    seeds = tr.val_nids[:256]
+    sampler = stalling_sampler(FANOUTS, stall_s=4.0)
+    source = dgl.dataloading.DistNodeDataLoader(tr.g, seeds, sampler, batch_size=64,
+                                                shuffle=False, drop_last=False)
+    outcomes = []
+    with pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=60) as loader, \
+            pingpong.PingPongLoader(source, feat, label, device="cpu", timeout=60) as other:
+        for name, next_loader in (("same loader", loader), ("another loader", other)):
+            try:
+                sampler.arm()
+                epoch = iter(loader)
+                if not sampler.stalling.wait(30):
+                    outcomes.append(f"{name}: the sampler never stalled")
+                    continue
+                del epoch  # ended; its producer is in the stalled step, holding the turn
+                start = time.monotonic()
+                got = []
+                for batch in next_loader:
+                    check(batch)
+                    got.append(batch.output_nodes)
+            except Exception as exc:  # noqa: BLE001 - recorded for the test
+                outcomes.append(f"{name}: {type(exc).__name__}: {exc}"[:300])
+                time.sleep(4.5)  # the stalled step ends before the next round
+                continue
+            waited = time.monotonic() - start
+            whole = bool(torch.equal(torch.cat(got).sort().values, seeds.sort().values))
+            outcomes.append(f"{name}: " + ("whole" if whole and waited > 2.0 else
+                                           f"{len(got)} batches, waited {waited:.1f} s"))
+    return outcomes
 
 
 def two_loaders_over_one_source(loader: pingpong.PingPongLoader, source: Any, feat: Any,
