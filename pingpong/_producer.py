@@ -256,7 +256,7 @@ def produce(
                         pending = prepare(seq + 1)
                     except BaseException as exc:  # noqa: BLE001 - after batch k's hand-off
                         failed = exc
-                ready_q.put(delivery)
+                # Counted before the hand-off: stats read right after next() include it.
                 cpu_now = time.thread_time()
                 stats.add(
                     **cache_counts,
@@ -271,6 +271,7 @@ def produce(
                                     + _bytes(store.label_tables, batch.y_ids)),
                 )
                 cpu_mark = cpu_now
+                ready_q.put(delivery)
                 seq += 1
                 if failed is not None:
                     try:

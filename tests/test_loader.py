@@ -283,6 +283,29 @@ def test_stats_are_consistent():
     assert stats["slot_grows"] <= 2 * 2 * 3
 
 
+@pytest.mark.parametrize("sample_ahead", [False, True])
+def test_a_delivered_batch_is_already_counted(monkeypatch, sample_ahead):
+    """``loader.stats`` read right after ``next()`` counts the batch it returned (the
+    producer's counters used to be added after the hand-off, so they could lag a
+    batch behind).  A slow ``Stats.add`` on the producer thread makes the old
+    order visible every time."""
+    real_add = pingpong.stats.LoaderStats.add
+
+    def slow_on_the_producer(self: Any, **amounts: float) -> None:
+        if "rows_gathered" in amounts:
+            time.sleep(0.05)
+        real_add(self, **amounts)
+
+    monkeypatch.setattr(pingpong.stats.LoaderStats, "add", slow_on_the_producer)
+    source = make_triples(N, 6)
+    rows = 0
+    with PingPongLoader(source, torch.randn(N, 4), sample_ahead=sample_ahead) as loader:
+        for batch in loader:
+            rows += len(batch.input_nodes)
+            assert loader.stats["rows_gathered"] >= rows
+    assert loader.stats["rows_gathered"] == rows
+
+
 def test_slots_are_reused_not_reallocated():
     source = make_triples(N, 30, max_inputs=100)
     with PingPongLoader(source, torch.randn(N, 4)) as loader:
