@@ -27,7 +27,6 @@ from .errors import (
     RpcTurnError,
     ServerGoneError,
     SlotOverwriteError,
-    SourceBusyError,
     StrayStopIterationError,
     TableError,
 )
@@ -60,7 +59,6 @@ __all__ = [
     "RpcTurnError",
     "ServerGoneError",
     "SlotOverwriteError",
-    "SourceBusyError",
     "StrayStopIterationError",
     "SubgraphBatch",
     "TableError",

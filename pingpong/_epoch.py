@@ -27,7 +27,7 @@ from ._lifecycle import (
     register_epoch,
 )
 from ._producer import Delivery, Failure, Message, produce
-from ._threads import Latch, run_marking_exit
+from ._threads import Latch, ThreadExit, run_marking_exit
 from .batch import LeasedBatch
 from .cache import FeatureCache
 from .devices.base import Device
@@ -131,6 +131,11 @@ class Epoch:
         self._source_started = Latch()
         #: set by the producer as its thread's last step (not Thread.join: see Latch)
         self.producer_exited = Latch()
+        #: ended epochs' producers that may still be inside the source, which this
+        #: epoch's producer lets leave before iter(source) (:meth:`start_after`);
+        #: their latches, as the producer waits for them
+        self._after: list[ThreadExit] = []
+        self._after_latches: list[Latch] = []
         self.thread = threading.Thread(
             target=run_marking_exit,
             args=(self.producer_exited, produce),
@@ -153,10 +158,29 @@ class Epoch:
                 "source_started": self._source_started,
                 "sampler_threads": sampler_threads,
                 "producer_nice": producer_nice,
+                "after": self._after_latches,
             },
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,
         )
+
+    def start_after(self, earlier: Iterable[ThreadExit]) -> None:
+        """Before :meth:`start`: this epoch's producer calls ``iter(source)`` only
+        once each of the ``earlier`` producers still pending has left -- ended
+        epochs' producers that may be inside a source whose ``iter()`` ends or
+        resets the iterator they are in (pass :meth:`producers_to_outlast` of
+        the last epoch over the source).  ``iter(loader)`` waits for that as for
+        ``iter(source)``: with ``timeout=``, ``close()``, health checks, Ctrl-C."""
+        for mark in earlier:
+            if mark.pending() and mark not in self._after:
+                self._after.append(mark)
+                self._after_latches.append(mark.exited)
+
+    def producers_to_outlast(self) -> tuple[ThreadExit, ...]:
+        """What a later pass over the same source must let leave first: this
+        epoch's producer and the earlier ones it waits for (which it may stop
+        waiting for, ended, before they have left)."""
+        return (*self._after, ThreadExit.of(self.thread, self.producer_exited))
 
     def start(self) -> None:
         """Start the producer thread; once, after the loader holds this epoch.
@@ -196,10 +220,14 @@ class Epoch:
             return
         start = time.perf_counter()
         try:
-            what = ("the source's iter() did not return (or has not started: its "
-                    "producer first needs the turn in DGL's RPC client, which another "
-                    "thread may hold)" if self.takes_rpc_turns
-                    else "the source's iter() did not return")
+            what = "the source's iter() did not return"
+            if self._after:
+                what += (" (or has not started: the last epoch's producer over this "
+                         "source, which must leave it before a new pass starts, is "
+                         "still inside it)")
+            elif self.takes_rpc_turns:
+                what += (" (or has not started: its producer first needs the turn in "
+                         "DGL's RPC client, which another thread may hold)")
             for wait in self._polls(start, what):
                 if self._source_started.wait(wait):
                     return

@@ -66,13 +66,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import _rpc
-from ._threads import Latch, join_within
-from .errors import (
-    EpochFailedError,
-    EpochSupersededError,
-    LoaderClosedError,
-    SourceBusyError,
-)
+from ._threads import ThreadExit, join_within
+from .errors import EpochFailedError, EpochSupersededError, LoaderClosedError
 
 if TYPE_CHECKING:
     from ._epoch import Epoch
@@ -274,72 +269,41 @@ def _wait_for_rpc_client(timeout: float) -> None:
 
 
 # Sources whose iter() ends or resets an open iterator, and the last epoch (of
-# any loader) that iterates each: weak references to its producer thread (a
-# running thread stays reachable through ``threading``) and to the epoch, the
-# producer's exit mark (alive: the thread is, and has not marked its exit), and
-# whether it takes turns in DGL's RPC client.
+# any loader) that iterates each: a weak reference to it, and the producers a
+# later pass must let leave the source first (its own and those it waits for).
 _shared_sources: weakref.WeakKeyDictionary[
-    object, tuple[weakref.ref[threading.Thread], weakref.ref[Epoch], Latch, bool]] = (
-    weakref.WeakKeyDictionary())
+    object, tuple[weakref.ref[Epoch], tuple[ThreadExit, ...]]] = weakref.WeakKeyDictionary()
 _shared_sources_lock = threading.Lock()
 
 
 def _start_claiming(source: object | None, epoch: Epoch) -> None:
-    """Start ``epoch`` once no other loader's producer is inside ``source``'s one
-    iterator, and record it as the epoch that iterates ``source`` now.
+    """Start ``epoch`` as the one that iterates ``source`` now; its producer first
+    lets the last epoch's producer over ``source`` leave it.
 
     ``source`` is None for every other source (the epoch is just started).
     Another loader's epoch still running over ``source`` (``zip`` or nested
     loops over two loaders of one DataLoader, or an iterator kept from an
     earlier loader) is ended as superseded -- its iterator then raises
-    :class:`EpochSupersededError`, as for two ``iter()`` of one loader -- and
-    its producer is waited for, up to ``JOIN_TIMEOUT_S``; one still inside the
-    source then is :class:`SourceBusyError`, with ``epoch`` not started.  An
-    epoch that another thread's ``iter()`` started over ``source`` during that
-    wait is superseded in turn (the last ``iter()`` wins).  The loader's own
-    previous epoch has been retired before this is called.
-
-    No :class:`SourceBusyError` when both producers take turns in DGL's RPC
-    client (:mod:`pingpong._rpc`): ``epoch`` starts, and its producer's
-    ``iter(source)`` waits for the turn that the stuck one holds; an ended
-    producer that gets the turn steps the source no more.
+    :class:`EpochSupersededError`, as for two ``iter()`` of one loader.  Its
+    producer, or that of the last epoch over ``source`` that ended for any
+    reason, may still be inside the source: ``epoch``'s producer calls
+    ``iter(source)`` only once it has left (:meth:`Epoch.start_after`).  So the
+    last ``iter()`` wins, also when two threads call it at once: each epoch's
+    producer waits for the one recorded before it, which, superseded, leaves.
     """
     if source is None or not _can_key(source):
         epoch.start()
         return
-    waited_for: Latch | None = None  # the exit of the producer last waited for
-    while True:
-        with _shared_sources_lock:
-            record = _shared_sources.get(source)
-            thread = record[0]() if record is not None else None
-            other = record[1]() if record is not None else None
-            if (thread is None or record is None or not thread.is_alive()
-                    or record[2].is_set()
-                    or (record[2] is waited_for and record[3] and epoch.takes_rpc_turns)):
-                _shared_sources[source] = (weakref.ref(epoch.thread), weakref.ref(epoch),
-                                           epoch.producer_exited, epoch.takes_rpc_turns)
-                epoch.start()  # under the lock: no other claim sees it unstarted
-                return
-        if record[2] is waited_for:  # the same producer, still inside after the wait
-            raise _source_busy_error("another PingPongLoader's epoch over this source",
-                                    thread.name)
-        # A producer not waited for yet: the record's first, or an epoch that a
-        # racing iter() on another thread started while this one waited.
-        if other is not None:
-            other.end(EpochState.SUPERSEDED)
-        record[2].wait(JOIN_TIMEOUT_S)  # not thread.join: see Latch
-        waited_for = record[2]
-
-
-def _source_busy_error(whose_epoch: str, producer: str) -> SourceBusyError:
-    """``iter()`` refused: ``whose_epoch`` ended, but its ``producer`` thread is still
-    inside a source whose ``iter()`` ends or resets the iterator it is in."""
-    return SourceBusyError(
-        f"{whose_epoch} ended, but its producer ({producer}) is still inside the "
-        f"source after {JOIN_TIMEOUT_S:.1f} s, and the source's iter() ends or resets "
-        f"the iterator both would read ({SHARED_ITERATOR_SOURCES}): a new pass now "
-        "would lose or share its items.  Nothing was started; call iter() again once "
-        "the source returns")
+    other: Epoch | None = None
+    with _shared_sources_lock:
+        record = _shared_sources.get(source)
+        if record is not None:
+            other = record[0]()
+            epoch.start_after(record[1])
+        _shared_sources[source] = (weakref.ref(epoch), epoch.producers_to_outlast())
+        epoch.start()  # under the lock: no other claim sees it unstarted
+    if other is not None:
+        other.end(EpochState.SUPERSEDED)
 
 
 def _can_key(source: object) -> bool:
@@ -387,20 +351,17 @@ class LoaderCore:
             previous = self.epoch
             if previous is not None:
                 previous.end(EpochState.SUPERSEDED)
-                # Always the full join, even after a failure: a producer still
-                # inside the source would take items meant for the new epoch
-                # from a source whose iter() resets a shared iterator (torchdata #1482).
+                # The full join, even after a failure: a producer still inside the
+                # source exits when it returns, without another step.
                 previous.retire(JOIN_TIMEOUT_S)
                 previous.hand_back_lease()
-                # Not for producers that take turns in DGL's RPC client (a loader's
-                # epochs all do, or none): the new one's iter(source) waits for the
-                # turn the stuck one holds, which never steps the source again.
-                if (previous.producer_alive() and self.shared_iterator_source is not None
-                        and not previous.takes_rpc_turns):
-                    raise _source_busy_error("this PingPongLoader's previous epoch",
-                                            previous.thread.name)
             self.epoch = None
             epoch = self.epoch = self._make_epoch()
+            if previous is not None and self.shared_iterator_source is not None:
+                # Its iter() would end or reset the iterator that producer (or one it
+                # waited for) may be in (torchdata #1482): the new pass starts once
+                # they have left.
+                epoch.start_after(previous.producers_to_outlast())
             try:
                 # held first: a Ctrl-C from here on leaves no orphan producer
                 _start_claiming(self.shared_iterator_source, epoch)

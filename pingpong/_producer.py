@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +148,7 @@ def produce(
     source_started: Latch | None = None,
     sampler_threads: int | None = None,
     producer_nice: int = 0,
+    after: Sequence[Latch] = (),
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
@@ -168,6 +169,11 @@ def produce(
     nice value by that much, after the affinity and before ``producer_started``
     and ``iter(source)``, so that threads it starts inherit it
     (:mod:`pingpong._producer_nice`).
+
+    ``after``: the exit marks of ended epochs' producers that may still be
+    inside ``source``, one whose ``iter()`` ends or resets the iterator they
+    are in; ``iter(source)`` waits until each has left (checking ``stop``
+    every ``poll_s``), so a new pass never starts under an old producer.
 
     ``source_started`` is set exactly once: when
     ``iter(source)`` has returned or raised, or the thread leaves before calling
@@ -215,6 +221,10 @@ def produce(
                     limit_dgl_threads(sampler_threads)
                 elif started_with is not None:  # as if Numba had not touched it
                     limit_dgl_threads(started_with, torch_first=False)
+                for mark in after:  # the last passes' producers leave the source first
+                    while not mark.wait(poll_s):
+                        if stop.is_set():
+                            return
                 t_iter = time.perf_counter()
                 with _rpc.holding(rpc_lock, stop, poll_s) as held:
                     if not held or stop.is_set():

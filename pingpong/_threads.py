@@ -1,15 +1,18 @@
 """Waiting for threads: a group against one deadline (the exit hooks' wait), and
 one-shot signals that a producer thread sets and other threads wait for safely
-under Ctrl-C (:class:`Latch`: the producer's exit, its source's start)."""
+under Ctrl-C (:class:`Latch`: the producer's exit, its source's start;
+:class:`ThreadExit`: a thread with its exit latch)."""
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Latch", "join_within", "run_marking_exit"]
+__all__ = ["Latch", "ThreadExit", "join_within", "run_marking_exit"]
 
 
 class Latch:
@@ -48,6 +51,25 @@ class Latch:
         if not self._set and self._unset.acquire(timeout=max(0.0, timeout)):
             self._unset.release()
         return self._set
+
+
+@dataclass(frozen=True)
+class ThreadExit:
+    """A thread (weakly: a running thread stays reachable through ``threading``)
+    whose target runs in :func:`run_marking_exit`, and the latch it sets there."""
+
+    thread: weakref.ref[threading.Thread]
+    exited: Latch
+
+    @classmethod
+    def of(cls, thread: threading.Thread, exited: Latch) -> ThreadExit:
+        return cls(weakref.ref(thread), exited)
+
+    def pending(self) -> bool:
+        """The thread started and has not marked its exit (a thread never started,
+        or gone from memory, is not pending: it never sets the latch)."""
+        thread = self.thread()
+        return thread is not None and thread.ident is not None and not self.exited.is_set()
 
 
 def run_marking_exit(exited: Latch, target: Callable[..., Any], *args: Any,

@@ -56,18 +56,15 @@ exception                          raised when
 :class:`LoaderClosedError`         a closed loader was iterated, or it was
                                    closed (from any thread) while ``next()``
                                    waited (``RuntimeError``)
+:class:`EpochFailedError`          ``next()`` on an iterator whose epoch failed
+                                   (an earlier ``next()`` raised; the message
+                                   names that failure) (``RuntimeError``)
 :class:`EpochSupersededError`      ``next()`` on an iterator whose epoch was
                                    ended by a newer ``iter(loader)`` (a nested
                                    loop over one loader, or over two loaders of
                                    one DataLoader with persistent workers, or
                                    of one datapipe: GraphBolt's DataLoader)
                                    (``RuntimeError``)
-:class:`SourceBusyError`           ``iter(loader)`` while the last epoch's
-                                   producer -- this loader's or another's over
-                                   the same source -- is still inside a source
-                                   whose ``iter()`` ends or resets the one open
-                                   (persistent DataLoader workers, datapipes),
-                                   outside a DistDGL client (``RuntimeError``)
 :class:`RpcTurnError`              ``next()`` on a DistDGL loader by a thread
                                    inside :func:`pingpong.rpc_turn` (its
                                    producer could never take its turn)
@@ -165,25 +162,6 @@ class EpochSupersededError(PingPongError, RuntimeError):
     ``iter()`` on another loader over the same ``DataLoader`` with persistent
     workers, or the same datapipe (GraphBolt's ``gb.DataLoader``), whose one
     iterator both would read.
-    """
-
-
-class SourceBusyError(PingPongError, RuntimeError):
-    """``iter(loader)`` found the last epoch's producer still inside the source
-    (after a timeout or Ctrl-C, it waited for it 2 s), and the source's
-    ``iter()`` would end or reset the very iterator that producer is in -- a
-    ``DataLoader`` with ``persistent_workers=True``, a datapipe or a
-    ``DataLoader`` over one (GraphBolt's ``gb.DataLoader``), or DGL's
-    ``DistNodeDataLoader`` / ``DistEdgeDataLoader`` -- so a new pass
-    would lose or share its items.  Nothing was started; ``iter()`` again once the source
-    returns.  The same for another loader's producer over that source: a new
-    ``iter()`` ends that loader's running epoch (its iterator raises
-    :class:`EpochSupersededError`) and waits for its producer 2 s.
-
-    Not raised in a process with a DGL RPC client (a DistDGL trainer), where
-    producers take turns in the client (:func:`pingpong.rpc_turn`): the new
-    pass waits for the turn the stuck producer holds, and that producer,
-    ended, never steps the source again.
     """
 
 

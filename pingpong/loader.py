@@ -83,11 +83,11 @@ class PingPongLoader(Iterable[Any]):
             waits as long as the source needs (a dead producer is still
             noticed).  The next ``iter()`` waits up to 2 s for the
             producer still inside the source, then starts the new pass -- or,
-            for a ``DataLoader`` with ``persistent_workers=True`` or a
-            datapipe such as GraphBolt's ``gb.DataLoader``, or DGL's
-            ``DistNodeDataLoader`` (its ``iter()`` ends or resets the iterator
-            that producer is in), raises
-            :class:`~pingpong.errors.SourceBusyError` instead.
+            for a ``DataLoader`` with ``persistent_workers=True``, a datapipe
+            such as GraphBolt's ``gb.DataLoader``, or DGL's
+            ``DistNodeDataLoader`` (whose ``iter()`` ends or resets the
+            iterator that producer is in), starts it once that producer has
+            left, a wait that ``timeout`` bounds like ``iter(source)``'s.
         gather_threads: Numba threads the CPU gather uses in the producer thread
             (default: half the cores).  The training loop's torch threads are
             not changed; see the tuning guide.

@@ -333,9 +333,8 @@ def test_an_epoch_left_early_then_another_loader_and_a_zip_of_two(
 
     Then an epoch left while its producer is inside a DGL step that takes 4 s (a
     stalling sampler): a new epoch of the same loader, and of another loader over
-    the same DGL loader, is not refused (``SourceBusyError`` after 2 s, before:
-    the producers take turns in DGL's RPC client, and the stuck one, ended, never
-    steps DGL's loader again); it waits for the step and is whole and exact."""
+    the same DGL loader, waits for that producer to leave DGL's loader before it
+    restarts it (it was refused after 2 s for a while); it is whole and exact."""
     ranks = run_clean_job("early-exit", tmp_path, part_dir)
     for report in ranks:
         assert report["errors"] == [], job_logs(tmp_path)

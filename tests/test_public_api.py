@@ -30,7 +30,6 @@ EXPECTED = {
     "RpcTurnError",
     "ServerGoneError",
     "SlotOverwriteError",
-    "SourceBusyError",
     "StrayStopIterationError",
     "SubgraphBatch",
     "TableError",

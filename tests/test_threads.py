@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from pingpong._threads import join_within
+from pingpong._threads import Latch, ThreadExit, join_within, run_marking_exit
 
 
 def _blocked(release: threading.Event) -> threading.Thread:
@@ -42,3 +42,21 @@ def test_the_calling_thread_and_threads_never_started_are_skipped() -> None:
     t0 = time.monotonic()
     assert join_within([threading.current_thread(), never_started], 5.0) == []
     assert time.monotonic() - t0 < 1.0
+
+
+def test_a_thread_exit_is_pending_from_its_start_until_its_mark() -> None:
+    """Not before the thread starts (a thread never started never sets its latch,
+    and a new pass must not wait for it), while it runs, and not after it marked
+    its exit -- even if ``is_alive()`` were wrong (cpython#90882)."""
+    release, exited = threading.Event(), Latch()
+    thread = threading.Thread(target=run_marking_exit, args=(exited, release.wait, 10))
+    mark = ThreadExit.of(thread, exited)
+    assert not mark.pending()
+    thread.start()
+    assert mark.pending()
+    release.set()
+    thread.join(10)
+    assert exited.is_set()
+    assert not mark.pending()
+    never_started = ThreadExit.of(threading.Thread(target=print), Latch())
+    assert not never_started.pending()
