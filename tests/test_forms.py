@@ -793,13 +793,14 @@ def _graphbolt() -> Any:
 
 
 def _graphbolt_pipeline(gb: Any, seeds: torch.Tensor, *, fetch: bool = False,
-                        item_labels: bool = False, copy_to: str | None = None) -> Any:
+                        item_labels: bool = False, copy_to: str | None = None,
+                        names: str = "seed_nodes") -> Any:
     g = _graph()
     graph = gb.from_dglgraph(g, is_homogeneous=True)
     if item_labels:
-        item_set = gb.ItemSet((seeds, LABELS[seeds]), names=("seed_nodes", "labels"))
+        item_set = gb.ItemSet((seeds, LABELS[seeds]), names=(names, "labels"))
     else:
-        item_set = gb.ItemSet(seeds, names="seed_nodes")
+        item_set = gb.ItemSet(seeds, names=names)
     pipe = gb.ItemSampler(item_set, batch_size=32, shuffle=True)
     pipe = pipe.sample_neighbor(graph, [3, 3])
     if fetch:
@@ -811,20 +812,24 @@ def _graphbolt_pipeline(gb: Any, seeds: torch.Tensor, *, fetch: bool = False,
     return gb.DataLoader(pipe)
 
 
+@pytest.mark.parametrize("names", ["seed_nodes", "seeds"])
 @pytest.mark.parametrize("device_kind", DEVICE_KINDS)
-def test_graphbolt_minibatch_gets_node_features_and_labels(device_kind):
+def test_graphbolt_minibatch_gets_node_features_and_labels(device_kind, names):
+    """Both generations of GraphBolt's field names: ``seed_nodes`` (DGL 2.0-2.1)
+    and ``seeds`` (DGL 2.2's, which DGL 2.1's ``ItemSet`` already takes)."""
     gb = _graphbolt()
     seeds = torch.arange(0, NUM_NODES, 2)
-    source = _graphbolt_pipeline(gb, seeds)
+    source = _graphbolt_pipeline(gb, seeds, names=names)
     device = _device(device_kind)
     checker = Checker(device)
 
     def check(minibatch: Any) -> torch.Tensor:
         assert type(minibatch).__name__ == "MiniBatch"
+        seed_nodes = getattr(minibatch, names)
         checker.equal(minibatch.node_features["feat"], FEATURES[minibatch.input_nodes])
-        checker.equal(minibatch.labels, LABELS[minibatch.seed_nodes])
+        checker.equal(minibatch.labels, LABELS[seed_nodes])
         assert len(minibatch.blocks) == 2
-        return minibatch.seed_nodes
+        return seed_nodes
 
     with PingPongLoader(source, FEATURES, LABELS, device=device) as loader:
         with pytest.raises(TypeError, match="no len"):

@@ -2,8 +2,9 @@
 
 DGL 2.0-2.1 name a node task's seeds ``seed_nodes`` (and link prediction's
 ``node_pairs``); DGL 2.2+ use ``seeds`` for both (1-D for nodes, ``(N, 2)``
-for pairs).  pingpong fills ``node_features`` (and ``labels``) itself, so the
-pipeline must not fetch features too: a ``MiniBatch`` that arrives with
+for pairs), and DGL 2.1's ``ItemSet`` already accepts ``names="seeds"``.
+pingpong fills ``node_features`` (and ``labels``) itself, so the pipeline
+must not fetch features too: a ``MiniBatch`` that arrives with
 ``node_features`` is refused rather than gathered twice.  A ``copy_to`` stage is
 allowed but not needed: ids already on a GPU are copied back to the host for the
 gather (``pingpong._ids`` reads them there).
