@@ -220,15 +220,7 @@ class Epoch:
             return
         start = time.perf_counter()
         try:
-            what = "the source's iter() did not return"
-            if self._after:
-                what += (" (or has not started: the last epoch's producer over this "
-                         "source, which must leave it before a new pass starts, is "
-                         "still inside it)")
-            elif self.takes_rpc_turns:
-                what += (" (or has not started: its producer first needs the turn in "
-                         "DGL's RPC client, which another thread may hold)")
-            for wait in self._polls(start, what):
+            for wait in self._polls(start, self._what_the_source_start_waits_for):
                 if self._source_started.wait(wait):
                     return
                 if self.state is not EpochState.RUNNING or not self.producer_alive():
@@ -236,12 +228,28 @@ class Epoch:
                 if self.health is not None:
                     self.health()
         except BaseException as exc:
-            self._fail(SHORT_JOIN_TIMEOUT_S, exc)
-            if isinstance(exc, StopIteration):  # from the health check
-                raise _stop_iteration_error() from exc
+            error = _stop_iteration_error() if isinstance(exc, StopIteration) else exc
+            self._fail(SHORT_JOIN_TIMEOUT_S, error)
+            if error is not exc:  # StopIteration from the health check
+                raise error from exc
             raise
         finally:
             self.stats.add(consumer_stall_s=time.perf_counter() - start)
+
+    def _what_the_source_start_waits_for(self) -> str:
+        """What :meth:`wait_for_source_start`'s timeout says did not happen: the
+        earlier producers still inside the source, by name, if any."""
+        inside = [thread.name for mark in self._after if mark.pending()
+                  if (thread := mark.thread()) is not None]
+        what = "the source's iter() did not return"
+        if inside:
+            return what + (f" (or has not started: the last epoch's producer over this "
+                           f"source, {', '.join(inside)}, which must leave it before a new "
+                           "pass starts, is still inside it)")
+        if self.takes_rpc_turns:
+            return what + (" (or has not started: its producer first needs the turn in "
+                           "DGL's RPC client, which another thread may hold)")
+        return what
 
     def next_batch(self) -> Any:
         """Hand back the held slot, wait for the next delivery, return it as a Batch."""
@@ -256,9 +264,10 @@ class Epoch:
         except BaseException as exc:
             # Timeout, Ctrl-C, dead producer: the producer may be stuck in the
             # source, so do not wait long for it (slots are safe regardless).
-            self._fail(SHORT_JOIN_TIMEOUT_S, exc)
-            if isinstance(exc, StopIteration):  # from the health check
-                raise _stop_iteration_error() from exc
+            error = _stop_iteration_error() if isinstance(exc, StopIteration) else exc
+            self._fail(SHORT_JOIN_TIMEOUT_S, error)
+            if error is not exc:  # StopIteration from the health check
+                raise error from exc
             raise
         with self._lock:
             if self.state is not EpochState.RUNNING:
@@ -272,9 +281,11 @@ class Epoch:
         if isinstance(message, Delivery):
             return self._deliver(message, lease)
         if isinstance(message, Failure):
-            self._fail(join_timeout(), message.exc)
             if isinstance(message.exc, StopIteration):
-                raise _stop_iteration_error() from message.exc
+                error = _stop_iteration_error()
+                self._fail(join_timeout(), error)
+                raise error from message.exc
+            self._fail(join_timeout(), message.exc)
             raise message.exc
         self.end(EpochState.EXHAUSTED)
         self.retire(join_timeout())
@@ -306,6 +317,7 @@ class Epoch:
     def _fail(self, join_s: float, exc: BaseException) -> None:
         """End the epoch in FAILED because of ``exc`` (unless it has ended
         already) and retire it."""
+        self.stop.set()  # first: a Ctrl-C in describe_failure leaves no producer going
         self.end(EpochState.FAILED, describe_failure(exc))
         self.retire(join_s)
 
@@ -358,7 +370,8 @@ class Epoch:
             lease.slot.release_events = events
             return lease.slot
 
-    def _polls(self, start: float, what: str, when: str = "") -> Iterator[float]:
+    def _polls(self, start: float, what: str | Callable[[], str],
+               when: str = "") -> Iterator[float]:
         """How long each poll of a wait that began at ``start`` may block: at most
         ``POLL_S``, endless without a timeout; at the loader's ``timeout``
         :class:`~pingpong.errors.BatchTimeoutError` saying ``what`` did not
@@ -374,7 +387,8 @@ class Epoch:
             remaining = deadline - time.perf_counter()
             if remaining <= 0 and polled:
                 raise BatchTimeoutError(
-                    f"{what} within timeout={self.timeout} s{when}; the source (or a row "
+                    f"{what() if callable(what) else what} within timeout={self.timeout} "
+                    f"s{when}; the source (or a row "
                     "source's fetch) may be stalled -- raise `timeout`, or pass "
                     "timeout=None to wait")
             polled = True

@@ -294,16 +294,15 @@ def _start_claiming(source: object | None, epoch: Epoch) -> None:
     if source is None or not _can_key(source):
         epoch.start()
         return
-    other: Epoch | None = None
     with _shared_sources_lock:
         record = _shared_sources.get(source)
         if record is not None:
-            other = record[0]()
             epoch.start_after(record[1])
+            other = record[0]()
+            if other is not None:  # before the start: a Ctrl-C leaves one epoch running
+                other.end(EpochState.SUPERSEDED)
         _shared_sources[source] = (weakref.ref(epoch), epoch.producers_to_outlast())
         epoch.start()  # under the lock: no other claim sees it unstarted
-    if other is not None:
-        other.end(EpochState.SUPERSEDED)
 
 
 def _can_key(source: object) -> bool:

@@ -493,11 +493,17 @@ def test_stop_iteration_in_user_code_is_an_error_not_an_early_end(where, sample_
     with PingPongLoader(items, table, form=form, sample_ahead=sample_ahead,
                         health_check=health_check) as loader:
         got = []
+        it = None
         with pytest.raises(pingpong.StrayStopIterationError,
                            match="StopIteration raised inside") as info:
-            for batch in loader:
+            it = iter(loader)
+            for batch in it:
                 got.append(batch.item)
         assert isinstance(info.value.__cause__, StopIteration)
+        if it is not None:  # a next() after it names what the loop got (a self-review)
+            with pytest.raises(pingpong.EpochFailedError,
+                               match=r"\(StrayStopIterationError: StopIteration raised"):
+                next(it)
         if where == "health_check":
             assert got == []  # the producer's first call, before the first item
         elif on_training_thread and sample_ahead:

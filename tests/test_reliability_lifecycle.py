@@ -981,9 +981,11 @@ def test_a_persistent_worker_loader_is_not_reset_under_a_stuck_producer():
             for _batch in loader:
                 pass
         dataset.stall[0] = 0  # read by the worker on its next item, not the stalled one
+        (stuck,) = producer_threads()
         with pytest.raises(pingpong.BatchTimeoutError,
-                           match="the last epoch's producer over this source"):
+                           match="the last epoch's producer over this source") as info:
             iter(loader)
+        assert stuck.name in str(info.value)
         got = _exact_items(_iter_once_the_source_is_free(loader), features)
     assert got == list(range(8))
 
@@ -1087,14 +1089,19 @@ def test_no_new_pass_of_a_datapipe_under_a_stuck_ended_producer(next_pass):
 
 class _SignalledStallPipe(torch.utils.data.IterDataPipe):
     """Items 0..7 as a datapipe; item 2 stalls ``stall_s`` once, when armed, and
-    sets ``stalling`` as it starts."""
+    sets ``stalling`` as it starts; while ``slow``, its ``iter()`` takes ``start_s``."""
 
-    def __init__(self, stall_s: float) -> None:
-        self.stall_s = stall_s
-        self.armed = False
+    def __init__(self, stall_s: float, start_s: float = 0.0) -> None:
+        self.stall_s, self.start_s = stall_s, start_s
+        self.slow = self.armed = False
         self.stalling = threading.Event()
 
     def __iter__(self) -> Iterator[torch.Tensor]:
+        if self.slow:
+            time.sleep(self.start_s)
+        return self._items()
+
+    def _items(self) -> Iterator[torch.Tensor]:
         for i in range(8):
             if i == 2 and self.armed:
                 self.armed = False
@@ -1147,6 +1154,27 @@ def test_a_new_pass_waits_for_the_stuck_producer_of_the_last_one(
         assert sorted(items) == list(range(8))
         if kind == "persistent workers":
             assert items == list(range(8))
+
+
+def test_a_timeout_in_iter_blames_an_earlier_producer_only_while_it_is_inside():
+    """From a self-review: ``iter()``'s timeout said the last epoch's producer was
+    still inside the source whenever the new pass had had one to wait for, also
+    once it had left and the source's own ``iter()`` was the slow part."""
+    pipe = _SignalledStallPipe(stall_s=0.5, start_s=4.0)
+    features = torch.randn(8, 3)
+    with PingPongLoader(pipe, features, form=_item_form, timeout=20) as first, \
+            PingPongLoader(pipe, features, form=_item_form, timeout=2.0) as second:
+        pipe.armed = True
+        epoch = iter(first)
+        assert pipe.stalling.wait(10)
+        del epoch  # its producer is inside a 0.5 s step, then leaves
+        pipe.slow = True  # the next pass's iter(source) takes 4 s
+        with pytest.raises(pingpong.BatchTimeoutError) as info:
+            iter(second)
+        assert "the source's iter() did not return within timeout=2.0 s" in str(info.value)
+        assert "producer over this source" not in str(info.value)
+        pipe.slow = False
+        assert sorted(_exact_items(iter(second), features)) == list(range(8))
 
 
 class _GatedPipe(torch.utils.data.IterDataPipe):
@@ -1219,6 +1247,33 @@ def test_a_kept_iterator_of_an_earlier_loader_does_not_block_the_next_one():
             assert torch.equal(batch.x, features[batch.item])
             got.append(int(batch.item))
     assert got == list(range(8))
+
+
+def test_an_iter_interrupted_as_its_producer_starts_still_ends_the_other_loaders_epoch(
+        monkeypatch):
+    """From a self-review: the claim of a shared source started the new epoch,
+    then ended the other loader's; a Ctrl-C (or failure) in the start left both
+    running over one source -- the old one read the rest of the pass.  The other
+    epoch is now ended first."""
+    pipe = _GatedPipe()
+    features = torch.randn(16, 3)
+    with PingPongLoader(pipe, features, form=_item_form, timeout=20) as first, \
+            PingPongLoader(pipe, features, form=_item_form, timeout=20) as second:
+        running = iter(first)
+        assert int(next(running).item) == 0
+        real_start = threading.Thread.start
+
+        def interrupted_start(thread: threading.Thread) -> None:
+            monkeypatch.setattr(threading.Thread, "start", real_start)
+            raise KeyboardInterrupt  # a Ctrl-C as the second loader's producer starts
+
+        monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+        with pytest.raises(KeyboardInterrupt):
+            iter(second)
+        with pytest.raises(pingpong.EpochSupersededError):
+            for _batch in running:
+                pass
+        assert sorted(_exact_items(iter(second), features)) == list(range(16))
 
 
 @pytest.mark.parametrize("failure", ["thread start", "ctrl-c in the claim"])
