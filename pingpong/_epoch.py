@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 from . import _rpc
 from ._lifecycle import (
+    JOIN_TIMEOUT_S,
     POLL_S,
     SHORT_JOIN_TIMEOUT_S,
     EpochState,
@@ -219,6 +220,7 @@ class Epoch:
         if self.takes_rpc_turns and _rpc.has_turn():
             return
         start = time.perf_counter()
+        said = not self._after  # whether a long wait for an earlier producer was logged
         try:
             for wait in self._polls(start, self._what_the_source_start_waits_for):
                 if self._source_started.wait(wait):
@@ -227,6 +229,9 @@ class Epoch:
                     return  # next() says why
                 if self.health is not None:
                     self.health()
+                if not said and time.perf_counter() - start > JOIN_TIMEOUT_S:
+                    said = True
+                    self._say_who_is_waited_for()
         except BaseException as exc:
             error = _stop_iteration_error() if isinstance(exc, StopIteration) else exc
             self._fail(SHORT_JOIN_TIMEOUT_S, error)
@@ -236,11 +241,27 @@ class Epoch:
         finally:
             self.stats.add(consumer_stall_s=time.perf_counter() - start)
 
+    def _earlier_producers_inside(self) -> list[str]:
+        """The names of the earlier producers this epoch's pass still waits for."""
+        return [thread.name for mark in self._after if mark.pending()
+                if (thread := mark.thread()) is not None]
+
+    def _say_who_is_waited_for(self) -> None:
+        """Log (a warning, once per epoch) the earlier producers still inside the
+        source that this epoch's pass waits for -- without a ``timeout`` the wait
+        has no end of its own."""
+        inside = self._earlier_producers_inside()
+        if inside:
+            logger.warning(
+                "iter() has waited %.1f s for %s, an ended epoch's producer still inside "
+                "the source, to leave it: the source's iter() would end or reset the "
+                "iterator it is in; the new pass starts once it returns", JOIN_TIMEOUT_S,
+                ", ".join(inside))
+
     def _what_the_source_start_waits_for(self) -> str:
         """What :meth:`wait_for_source_start`'s timeout says did not happen: the
         earlier producers still inside the source, by name, if any."""
-        inside = [thread.name for mark in self._after if mark.pending()
-                  if (thread := mark.thread()) is not None]
+        inside = self._earlier_producers_inside()
         what = "the source's iter() did not return"
         if inside:
             return what + (f" (or has not started: the last epoch's producer over this "

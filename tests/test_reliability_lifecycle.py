@@ -1328,11 +1328,12 @@ def test_an_epoch_that_never_started_leaves_its_loader_usable_and_nothing_alive(
     loader.close()
 
 
-def test_a_second_loader_waits_for_the_first_ones_ended_producer():
+def test_a_second_loader_waits_for_the_first_ones_ended_producer(caplog):
     """After a ``break`` out of one loader's epoch (its iterator dropped, the loader
     kept), another loader over the same persistent-worker DataLoader waits for
     the first producer to leave the source, then gets the whole pass -- also a
-    producer stuck there for 6 s (refused after 2 s, before)."""
+    producer stuck there for 6 s (refused after 2 s, before), a wait that is
+    logged once, naming that producer, after 2 s."""
     dataset = SlowItems(0.2)
     source = _persistent_source(dataset)
     features = torch.randn(8, 3)
@@ -1347,10 +1348,15 @@ def test_a_second_loader_waits_for_the_first_ones_ended_producer():
         epoch = iter(first)
         time.sleep(0.5)  # its producer is inside a 6 s item
         dataset.delay[0] = 0.0  # read by the worker on its next item
+        (stuck,) = producer_threads()
         del epoch  # ended
+        caplog.set_level(logging.WARNING, logger="pingpong._epoch")
         start = time.monotonic()
         assert _exact_items(iter(second), features) == list(range(8))
         assert time.monotonic() - start > 4.0
+        said = [r.getMessage() for r in caplog.records if "iter() has waited" in r.getMessage()]
+        assert len(said) == 1
+        assert stuck.name in said[0]
 
 
 def test_rapid_reiteration_never_lets_an_old_producer_advance():
