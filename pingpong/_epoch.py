@@ -133,10 +133,8 @@ class Epoch:
         #: set by the producer as its thread's last step (not Thread.join: see Latch)
         self.producer_exited = Latch()
         #: ended epochs' producers that may still be inside the source, which this
-        #: epoch's producer lets leave before iter(source) (:meth:`start_after`);
-        #: their latches, as the producer waits for them
+        #: epoch's producer lets leave before iter(source) (:meth:`start_after`)
         self._after: list[ThreadExit] = []
-        self._after_latches: list[Latch] = []
         self.thread = threading.Thread(
             target=run_marking_exit,
             args=(self.producer_exited, produce),
@@ -159,7 +157,7 @@ class Epoch:
                 "source_started": self._source_started,
                 "sampler_threads": sampler_threads,
                 "producer_nice": producer_nice,
-                "after": self._after_latches,
+                "after": self._after,
             },
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,
@@ -175,7 +173,6 @@ class Epoch:
         for mark in earlier:
             if mark.pending() and mark not in self._after:
                 self._after.append(mark)
-                self._after_latches.append(mark.exited)
 
     def producers_to_outlast(self) -> tuple[ThreadExit, ...]:
         """What a later pass over the same source must let leave first: this
@@ -232,12 +229,8 @@ class Epoch:
                 if not said and time.perf_counter() - start > JOIN_TIMEOUT_S:
                     said = True
                     self._say_who_is_waited_for()
-        except BaseException as exc:
-            error = _stop_iteration_error() if isinstance(exc, StopIteration) else exc
-            self._fail(SHORT_JOIN_TIMEOUT_S, error)
-            if error is not exc:  # StopIteration from the health check
-                raise error from exc
-            raise
+        except BaseException as exc:  # noqa: BLE001 - re-raised by _fail_and_raise
+            self._fail_and_raise(SHORT_JOIN_TIMEOUT_S, exc)
         finally:
             self.stats.add(consumer_stall_s=time.perf_counter() - start)
 
@@ -282,14 +275,10 @@ class Epoch:
                 self._check_held("while the training loop held it")
             self._hand_back_held()
             message = self._wait_for_message()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - re-raised by _fail_and_raise
             # Timeout, Ctrl-C, dead producer: the producer may be stuck in the
             # source, so do not wait long for it (slots are safe regardless).
-            error = _stop_iteration_error() if isinstance(exc, StopIteration) else exc
-            self._fail(SHORT_JOIN_TIMEOUT_S, error)
-            if error is not exc:  # StopIteration from the health check
-                raise error from exc
-            raise
+            self._fail_and_raise(SHORT_JOIN_TIMEOUT_S, exc)
         with self._lock:
             if self.state is not EpochState.RUNNING:
                 # Ended from another thread while we waited.  A delivery taken
@@ -302,12 +291,7 @@ class Epoch:
         if isinstance(message, Delivery):
             return self._deliver(message, lease)
         if isinstance(message, Failure):
-            if isinstance(message.exc, StopIteration):
-                error = _stop_iteration_error()
-                self._fail(join_timeout(), error)
-                raise error from message.exc
-            self._fail(join_timeout(), message.exc)
-            raise message.exc
+            self._fail_and_raise(join_timeout(), message.exc)
         self.end(EpochState.EXHAUSTED)
         self.retire(join_timeout())
         # Before the loop's `for` ends: a write to a table after it must reach no
@@ -334,6 +318,17 @@ class Epoch:
         state = self.state
         if state is not EpochState.RUNNING:
             raise ended_error(state, self.delivered, self.failure)
+
+    def _fail_and_raise(self, join_s: float, exc: BaseException) -> NoReturn:
+        """:meth:`_fail` because of ``exc``, then raise it -- a ``StopIteration``
+        (from the source's side, or a health check) as the
+        :class:`StrayStopIterationError` it causes, which the epoch records."""
+        if isinstance(exc, StopIteration):
+            error = _stop_iteration_error()
+            self._fail(join_s, error)
+            raise error from exc
+        self._fail(join_s, exc)
+        raise exc
 
     def _fail(self, join_s: float, exc: BaseException) -> None:
         """End the epoch in FAILED because of ``exc`` (unless it has ended

@@ -26,7 +26,7 @@ from . import _rpc
 from ._ids import TableIds, batch_ids
 from ._producer_nice import lower_this_thread_priority
 from ._sampler_threads import dgl_threads_of_this_thread, limit_dgl_threads
-from ._threads import Latch
+from ._threads import Latch, ThreadExit
 from .cache import FeatureCache
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
@@ -148,7 +148,7 @@ def produce(
     source_started: Latch | None = None,
     sampler_threads: int | None = None,
     producer_nice: int = 0,
-    after: Sequence[Latch] = (),
+    after: Sequence[ThreadExit] = (),
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
@@ -170,7 +170,7 @@ def produce(
     and ``iter(source)``, so that threads it starts inherit it
     (:mod:`pingpong._producer_nice`).
 
-    ``after``: the exit marks of ended epochs' producers that may still be
+    ``after``: ended epochs' producers (with their exit marks) that may still be
     inside ``source``, one whose ``iter()`` ends or resets the iterator they
     are in; ``iter(source)`` waits until each has left (checking ``stop``
     every ``poll_s``), so a new pass never starts under an old producer.
@@ -222,7 +222,7 @@ def produce(
                 elif started_with is not None:  # as if Numba had not touched it
                     limit_dgl_threads(started_with, torch_first=False)
                 for mark in after:  # the last passes' producers leave the source first
-                    while not mark.wait(poll_s):
+                    while not mark.exited.wait(poll_s):
                         if stop.is_set():
                             return
                 t_iter = time.perf_counter()
