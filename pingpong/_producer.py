@@ -30,7 +30,7 @@ from ._threads import Latch, ThreadExit
 from .cache import FeatureCache
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
-from .rowsource import FetchedRows, RemoteTable
+from .rowsource import FetchedRows, FetchStopped, RemoteTable
 from .slots import Buffer, Slot
 from .stats import LoaderStats
 from .store import FeatureStore, Table, TableKey
@@ -244,8 +244,12 @@ def produce(
                 with _rpc.holding(rpc_lock, stop, poll_s) as held:
                     if not held or stop.is_set():
                         return
-                    fetched = _fetch_remote(store, batch.x_ids, batch.y_ids,
-                                            device.supports_local_rows, check)
+                    try:
+                        fetched = _fetch_remote(store, batch.x_ids, batch.y_ids,
+                                                device.supports_local_rows, stop, poll_s,
+                                                check)
+                    except FetchStopped:  # ended while waiting behind another call
+                        return
                 t_fetched = time.perf_counter()
                 slot = _take_free_slot(free_q, stop, poll_s)
                 if slot is None:
@@ -381,21 +385,25 @@ Fetched = dict[int, FetchedRows]
 
 def _fetch_remote(
     store: FeatureStore, x_ids: TableIds, y_ids: TableIds, read_local: bool,
-    health: Callable[[], None] | None = None,
+    stop: threading.Event, poll_s: float, health: Callable[[], None] | None = None,
 ) -> Fetched:
     """Fetch the batch's rows from every row source (before a slot is taken),
     calling ``health`` before each fetch; with ``read_local``, the rows a
     source holds locally are left to be read in place (:class:`FetchedRows`).
 
     Keyed by ``id(table)``; a homogeneous store's tables share one id array.
+    Raises :class:`~pingpong.rowsource.FetchStopped` once ``stop`` is set (checked
+    before each fetch and while one waits behind another call to its source).
     """
     fetched: Fetched = {}
     for tables, ids in ((store.tables, x_ids), (store.label_tables, y_ids)):
         for key, table in tables.items():
             if isinstance(table, RemoteTable) and key in ids:
+                if stop.is_set():
+                    raise FetchStopped(table.name)
                 if health is not None:
                     health()
-                fetched[id(table)] = table.fetch_split(ids[key], read_local)
+                fetched[id(table)] = table.fetch_split(ids[key], read_local, stop, poll_s)
     return fetched
 
 

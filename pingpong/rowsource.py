@@ -33,10 +33,11 @@ autograd: such a source would never train), raises
 as a plain loop would -- also when several loaders read it (``zip`` of two
 loaders, an evaluation loop nested in training) and when a new epoch starts
 while the last one's fetch is still stuck (the new fetch waits for it, under the
-loader's ``timeout=``): the calls to one source object take turns.  So a source
-need not be thread-safe.  The rows it returns are copied before its next call
-through the same loader, but a call for another loader may come first: return
-rows the source will not write again (a new tensor per call, as indexing does).
+loader's ``timeout=``; an epoch that ends meanwhile makes no call): the calls
+to one source object take turns.  So a source need not be thread-safe.  The
+rows it returns are copied before its next call through the same loader, but a
+call for another loader may come first: return rows the source will not write
+again (a new tensor per call, as indexing does).
 
 **Rows held locally are read in place.**  A row source may say which of its
 rows live in this process's memory, the way a ``DistTensor`` does:
@@ -94,6 +95,7 @@ import numpy as np
 import torch
 
 from ._integers import integer
+from ._rpc import acquire
 from .errors import TableError
 
 if TYPE_CHECKING:
@@ -135,6 +137,11 @@ def is_row_source(value: Any) -> bool:
 
 #: No rows (int64): the local rows of a batch without any.
 _NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+class FetchStopped(Exception):
+    """Raised by :meth:`RemoteTable.fetch` when the epoch ended (``stop``) while the
+    fetch waited for the source's call lock: the source was not called."""
 
 
 @dataclass(frozen=True)
@@ -252,7 +259,8 @@ class RemoteTable:
         """Bytes of it held in this process's memory by pingpong: none."""
         return 0
 
-    def fetch_split(self, ids: np.ndarray, read_local: bool) -> FetchedRows:
+    def fetch_split(self, ids: np.ndarray, read_local: bool,
+                    stop: threading.Event | None = None, poll_s: float = 0.05) -> FetchedRows:
         """The batch's rows at ``ids`` (validated): with ``read_local`` and a
         local part, only the others are fetched (see :class:`FetchedRows`).
         No ids: neither the source nor its policy is called.
@@ -260,28 +268,44 @@ class RemoteTable:
         Raises what :meth:`fetch` and :meth:`LocalPart.locate` raise.
         """
         if not read_local or self.local is None or len(ids) == 0:
-            return FetchedRows(self.fetch(ids), None, _NO_ROWS, _NO_ROWS)
+            return FetchedRows(self.fetch(ids, stop, poll_s), None, _NO_ROWS, _NO_ROWS)
         ids = np.asarray(ids, dtype=np.int64)
         local_positions, local_rows, positions = self.local.locate(ids)
-        rows = self.fetch(ids[positions]) if len(positions) else None  # None: all local
+        # None: every row is local
+        rows = self.fetch(ids[positions], stop, poll_s) if len(positions) else None
         return FetchedRows(rows, positions, local_rows, local_positions)
 
-    def fetch(self, ids: np.ndarray) -> torch.Tensor:
+    def fetch(self, ids: np.ndarray, stop: threading.Event | None = None,
+              poll_s: float = 0.05) -> torch.Tensor:
         """The rows at ``ids`` (validated), as a contiguous CPU tensor; checks what came back.
 
         No ids: no call to the source (an empty result of the table's row shape).
+        While another call to the source runs, waits for it (the call lock),
+        checking ``stop`` (if given) every ``poll_s`` s.
 
-        Raises what the source raises, and :class:`~pingpong.errors.TableError`
-        for a result of the wrong type, shape, dtype or layout (sparse), one on the
-        meta device, or one that requires grad.
+        Raises what the source raises; :class:`FetchStopped` when ``stop`` was set
+        while waiting (the source was not called); and
+        :class:`~pingpong.errors.TableError` for a result of the wrong type, shape,
+        dtype or layout (sparse), one on the meta device, or one that requires grad.
         """
         if len(ids) == 0:  # a node type absent from a batch: no round trip for nothing
             return torch.empty((0, *self.row_shape), dtype=self.dtype)
         # A copy: a source that changes the ids it is given (global to local, in
         # place) must not change the batch's ids or the other tables' gathers.
         id_tensor = torch.tensor(ids, dtype=torch.int64)
-        with self.call_lock:  # one call at a time per source object (module docstring)
+        # One call at a time per source object (module docstring); an ended
+        # epoch's producer waiting behind a stuck call leaves without calling.
+        if stop is None:
+            self.call_lock.acquire()
+        elif not acquire(self.call_lock, stop, poll_s):
+            raise FetchStopped(self.name)
+        elif stop.is_set():  # set while the lock came free
+            self.call_lock.release()
+            raise FetchStopped(self.name)
+        try:
             rows = self.source[id_tensor]
+        finally:
+            self.call_lock.release()
         want = (len(ids), *self.row_shape)
         if not isinstance(rows, torch.Tensor):
             raise TableError(

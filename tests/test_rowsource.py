@@ -25,10 +25,11 @@ from test_reliability import (
     make_table,
     seq_triples,
 )
+from test_reliability_lifecycle import producer_threads, wait_until
 from test_usage_patterns import CountingCPUDevice
 
 import pingpong
-from pingpong import PingPongLoader
+from pingpong import PingPongLoader, rowsource
 
 N = 400
 
@@ -329,9 +330,11 @@ class ScratchRows:
         self._scratch = torch.empty_like(table)
         self._inside = 0
         self.most_inside = 0
+        self.calls = 0
         self.gate: threading.Event | None = None
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         self._inside += 1
         self.most_inside = max(self.most_inside, self._inside)
         try:
@@ -378,12 +381,46 @@ def test_a_loader_started_while_a_fetch_is_stuck_waits_for_it():
     assert source.most_inside == 1
 
 
+def test_an_epoch_ended_while_its_fetch_waits_for_a_stuck_call_makes_no_call():
+    """An epoch whose producer waits for the source's call lock (another loader's
+    fetch is stuck) and then ends -- its ``timeout=``, then ``close()`` -- leaves
+    without calling the source once the stuck call returns (it made one more call,
+    for an epoch no one would read)."""
+    table = make_table()
+    source = ScratchRows(table)
+    source.gate = threading.Event()
+    with PingPongLoader(seq_triples(N, 4), source, timeout=1.0) as stuck, \
+            PingPongLoader(seq_triples(N, 4, seed=3), source, timeout=1.0) as waiting:
+        with pytest.raises(pingpong.BatchTimeoutError):
+            next(iter(stuck))
+        with pytest.raises(pingpong.BatchTimeoutError):
+            next(iter(waiting))  # its producer waits behind the stuck call
+        waiting.close()
+        source.gate.set()  # the stuck call returns
+        stuck.close()
+    assert wait_until(lambda: not producer_threads(), 10.0)
+    assert source.calls == 1
+
+
+def test_a_fetch_for_an_ended_epoch_does_not_call_the_source():
+    """``stop`` already set when the call lock is free (it came free as the epoch
+    ended): no call, and the lock is given back."""
+    source = ScratchRows(make_table())
+    table = rowsource.make_remote_table(source, "features")
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(rowsource.FetchStopped):
+        table.fetch(np.arange(3), stop, poll_s=0.01)
+    assert source.calls == 0
+    assert not table.call_lock.locked()
+    assert torch.equal(table.fetch(np.arange(3)), source._table[:3])  # no stop: a call
+
+
 def test_a_row_source_freed_while_the_lock_registry_is_held_does_not_deadlock():
     """From a self-review: the finaliser that drops a freed row source's call lock
     took the registry's lock, and the garbage collector can run it on a thread
     already holding that lock (an allocation inside ``call_lock_for`` while an
     earlier source sat in a reference cycle): that thread hung for ever."""
-    from pingpong import rowsource
 
     source: Rows | None = Rows(make_table())
     key = id(source)
