@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import make_triples
+from test_reliability_lifecycle import producer_threads, wait_until
 
 import pingpong
 from pingpong import PingPongLoader
@@ -104,17 +105,16 @@ def test_bad_id_never_reaches_the_slot():
 def _wait_until_the_producer_waits_for_a_slot() -> None:
     """Until a pingpong producer thread is inside ``_take_free_slot``: its batch
     is sampled and its ids checked, and only the gather is still to come."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        for thread in threading.enumerate():
-            if thread.name.startswith("pingpong-producer-") and thread.ident is not None:
-                frame = sys._current_frames().get(thread.ident)
-                while frame is not None:
-                    if frame.f_code.co_name == "_take_free_slot":
-                        return
-                    frame = frame.f_back
-        time.sleep(0.01)
-    raise AssertionError("the producer never waited for a slot")
+    def waiting() -> bool:
+        for thread in producer_threads():
+            frame = sys._current_frames().get(thread.ident or 0)
+            while frame is not None:
+                if frame.f_code.co_name == "_take_free_slot":
+                    return True
+                frame = frame.f_back
+        return False
+
+    assert wait_until(waiting, 30.0), "the producer never waited for a slot"
 
 
 def test_ids_written_after_their_check_are_not_what_is_gathered():

@@ -79,7 +79,6 @@ class ItemPlan:
     ``x``/``y``.
     """
 
-    form: str
     feature_ids: Any
     label_ids: Any
     feature_ids_name: str
@@ -181,13 +180,11 @@ class ItemReader:
         input_nodes, output_nodes, blocks = item
         self._no_labels_of("edge", "node-classification")
         graphs = _graph_list(blocks)
-        form = "ShaDow" if is_dgl_graph(blocks) else "node triple"
 
         def build(moved: list[Any], x: Any, y: Any) -> Batch:
             return Batch(input_nodes, output_nodes, _rebuild_blocks(blocks, moved), x, y)
 
         return ItemPlan(
-            form,
             input_nodes,
             output_nodes if self.label_kind == "node" else None,
             "input_nodes",
@@ -215,7 +212,6 @@ class ItemReader:
             return EdgeBatch(input_nodes, moved[0], moved_blocks, x, y)
 
         return ItemPlan(
-            "edge prediction" + (" with negatives" if negatives else ""),
             input_nodes,
             label_ids,
             "input_nodes",
@@ -232,7 +228,6 @@ class ItemReader:
             return SubgraphBatch(moved[0], x, y)
 
         return ItemPlan(
-            "subgraph",
             node_ids,
             node_ids if self.label_kind == "node" else None,
             "subgraph.ndata[dgl.NID]",
@@ -264,7 +259,6 @@ class ItemReader:
             return _graphbolt.fill(moved[0], x, y, heterogeneous, with_labels)
 
         return ItemPlan(
-            "GraphBolt MiniBatch",
             minibatch.input_nodes,
             label_ids,
             "MiniBatch.input_nodes",
@@ -294,8 +288,7 @@ class ItemReader:
         def build(moved: list[Any], x: Any, y: Any) -> CustomBatch:
             return CustomBatch(item, x, y)
 
-        return ItemPlan("custom", feature_ids, label_ids, "form(item)[0]", "form(item)[1]",
-                        (), build)
+        return ItemPlan(feature_ids, label_ids, "form(item)[0]", "form(item)[1]", (), build)
 
 
 def _ids_by_edge_label_key(ids: Mapping[Any, Any], keys: tuple[Any, ...],

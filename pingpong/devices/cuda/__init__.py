@@ -65,7 +65,6 @@ logger = logging.getLogger(__name__)
 AUTO_DEVICE_SHARE = 0.5
 
 
-
 def choose_gather_mode(table_bytes: int, free_bytes: int) -> str:
     """``device`` if the tables fit in ``AUTO_DEVICE_SHARE`` of the free GPU memory,
     else ``zerocopy`` (what ``gather="auto"`` picks on CUDA)."""
