@@ -75,6 +75,7 @@ from ._checks import (
     raise_out_of_range,
 )
 from ._jitcache import jit_cached
+from .cpu import word_bytes
 
 __all__ = [
     "DEFAULT_THREADS_PER_BLOCK",
@@ -471,12 +472,8 @@ def plan_gather(
     addresses: tuple[int, ...] = (0, 0)
     if num_ids and row_bytes:
         addresses = (_address(table), _address(out), *(_address(a) for a in other_sources))
-    word_bytes = next(
-        w
-        for w in (8, 4, 2, 1)
-        if row_bytes % w == 0 and all(address % w == 0 for address in addresses)
-    )
-    row_words = row_bytes // word_bytes
+    word = word_bytes(row_bytes, *addresses)
+    row_words = row_bytes // word
     if threads_per_row is None:
         threads_per_row = min(_WARP, threads_per_block, _next_power_of_two(row_words))
     threads_per_row = int(threads_per_row)
@@ -488,10 +485,10 @@ def plan_gather(
     blocks = max(1, min(cap, math.ceil(threads_needed / block)))
     return GatherPlan(
         row_bytes=row_bytes,
-        word_bytes=word_bytes,
+        word_bytes=word,
         row_words=row_words,
         table_offset=addresses[0] % SEGMENT_BYTES,
-        align_bytes=min(SEGMENT_BYTES, threads_per_row * word_bytes),
+        align_bytes=min(SEGMENT_BYTES, threads_per_row * word),
         threads_per_row=threads_per_row,
         threads_per_block=block,
         blocks=blocks,
@@ -803,7 +800,7 @@ def _table_word_bytes(table: int | Array) -> int:
             raise TableError(f"warm-up tables must be 2-D, got shape {tuple(table.shape)}")
         row_bytes = int(table.shape[1]) * np.dtype(table.dtype).itemsize
         address = _address(table)
-    return next(w for w in (8, 4, 2, 1) if row_bytes % w == 0 and address % w == 0)
+    return word_bytes(row_bytes, address)
 
 
 def warm_up_cuda(
