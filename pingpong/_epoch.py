@@ -33,6 +33,7 @@ from .batch import LeasedBatch
 from .cache import FeatureCache
 from .devices.base import Device
 from .errors import (
+    BatchExpiredError,
     BatchTimeoutError,
     ConfigError,
     ProducerDiedError,
@@ -57,6 +58,9 @@ class _Wakeup:
 
 
 _WAKEUP = _Wakeup()
+
+#: :meth:`Epoch._deliver`'s answer when the epoch ended before the batch was returned.
+_ENDED_WHILE_DELIVERING = object()
 
 
 def _stop_iteration_error() -> StrayStopIterationError:
@@ -275,21 +279,26 @@ class Epoch:
                 self._check_held("while the training loop held it")
             self._hand_back_held()
             message = self._wait_for_message()
+            # Off the queue now: until the batch is returned, whatever is raised
+            # here (a Ctrl-C) fails the epoch -- it never goes on a batch short.
+            with self._lock:
+                running = self.state is EpochState.RUNNING
+                if running and isinstance(message, Delivery):
+                    lease = self.lease = Lease(message.slot, self.device, message.ready_event)
+            if running and isinstance(message, Delivery):
+                batch = self._deliver(message, lease)
+                if batch is not _ENDED_WHILE_DELIVERING:
+                    return batch
+                running = False
         except BaseException as exc:  # noqa: BLE001 - re-raised by _fail_and_raise
             # Timeout, Ctrl-C, dead producer: the producer may be stuck in the
             # source, so do not wait long for it (slots are safe regardless).
             self._fail_and_raise(SHORT_JOIN_TIMEOUT_S, exc)
-        with self._lock:
-            if self.state is not EpochState.RUNNING:
-                # Ended from another thread while we waited.  A delivery taken
-                # here is dropped: its slot was never given to the training
-                # loop, and the next epoch starts with every slot free.
-                raise ended_error(self.state, self.delivered, self.failure)
-            if isinstance(message, Delivery):
-                lease = self.lease = Lease(message.slot, self.device, message.ready_event)
-                self.delivered += 1
-        if isinstance(message, Delivery):
-            return self._deliver(message, lease)
+        if not running:
+            # Ended from another thread while we waited or delivered.  A delivery
+            # taken here is dropped: its slot was never given to the training
+            # loop, and the next epoch starts with every slot free.
+            raise ended_error(self.state, self.delivered, self.failure)
         if isinstance(message, Failure):
             self._fail_and_raise(join_timeout(), message.exc)
         self.end(EpochState.EXHAUSTED)
@@ -300,14 +309,23 @@ class Epoch:
         raise StopIteration
 
     def _deliver(self, message: Delivery, lease: Lease) -> Any:
+        """The batch of ``message``, held by ``lease`` (the epoch's now) -- or
+        ``_ENDED_WHILE_DELIVERING`` when the epoch ended meanwhile: an ``iter()``
+        on another thread then handed the lease back, and the new epoch's producer
+        may refill the slot before this batch could be used."""
         try:
             lease.use_on(None)  # the stream current now waits for the batch
-            if self.debug:
-                self.held_generation = message.generation
-                self._check_held("between its hand-off and its delivery")
-        except BaseException as exc:
-            self._fail(SHORT_JOIN_TIMEOUT_S, exc)
+        except BatchExpiredError:
+            if self.state is not EpochState.RUNNING:
+                return _ENDED_WHILE_DELIVERING
             raise
+        if self.debug:
+            self.held_generation = message.generation
+            self._check_held("between its hand-off and its delivery")
+        with self._lock:
+            if self.state is not EpochState.RUNNING:
+                return _ENDED_WHILE_DELIVERING
+            self.delivered += 1
         self.stats.add(batches=1)
         batch = message.batch
         if isinstance(batch, LeasedBatch):
@@ -412,6 +430,7 @@ class Epoch:
 
     def _wait_for_message(self) -> Message | _Wakeup:
         start = time.perf_counter()
+        ending_since: float | None = None
         try:
             for wait in self._polls(start, "no batch", f" (after {self.delivered} batches "
                                     "this epoch)"):
@@ -427,6 +446,13 @@ class Epoch:
                     except queue.Empty:
                         if self.state is not EpochState.RUNNING:
                             return _WAKEUP  # ended (close() from another thread): next() says so
+                        if self.stop.is_set() and ending_since is None:
+                            # Being ended on another thread (end() sets stop, then the
+                            # state, then wakes us): its wakeup comes next.
+                            ending_since = time.perf_counter()
+                        if ending_since is not None and \
+                                time.perf_counter() - ending_since < JOIN_TIMEOUT_S:
+                            continue
                         raise ProducerDiedError(
                             f"producer thread {self.thread.name} exited without "
                             "delivering a batch, an end of epoch or an error"

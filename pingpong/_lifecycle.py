@@ -315,6 +315,14 @@ def _can_key(source: object) -> bool:
     return True
 
 
+def _inside_on_this_thread(mark: int | None, lock: threading.Lock) -> bool:
+    """Whether this thread is inside the section that ``lock`` guards and ``mark``
+    names the thread of -- so a signal handler interrupted it there.  A mark
+    that a Ctrl-C at the line clearing it left behind is stale: the ``with``
+    released the lock all the same."""
+    return mark == threading.get_ident() and lock.locked()
+
+
 class LoaderCore:
     """What a loader, its iterators and its finaliser share: the one running epoch.
 
@@ -338,40 +346,76 @@ class LoaderCore:
         self.fully_closed = False
         self._lock = threading.Lock()
         self._close_lock = threading.Lock()  # one closer at a time
+        # The thread inside start_epoch's hold of _lock, and inside _close's hold
+        # of _close_lock (idents): a close() a signal handler runs there must not
+        # wait for a lock its own thread holds (see close()).
+        self._starting_on: int | None = None
+        self._closing_on: int | None = None
 
     def start_epoch(self) -> Epoch:
-        """``iter(loader)``: supersede the running epoch, start the next one."""
+        """``iter(loader)``: supersede the running epoch, start the next one.
+
+        Raises :class:`LoaderClosedError` on a closed loader -- also when a signal
+        handler closed it while this ran (it then finishes that close)."""
         with self._lock:
-            if self.closed:
-                raise LoaderClosedError("this PingPongLoader is closed")
-            # The previous epoch stays recorded until it is retired: a Ctrl-C
-            # anywhere in here leaves it to the next iter() or close() (each
-            # step below is idempotent), never a running epoch nobody holds.
-            previous = self.epoch
-            if previous is not None:
-                previous.end(EpochState.SUPERSEDED)
-                # The full join, even after a failure: a producer still inside the
-                # source exits when it returns, without another step.
-                previous.retire(JOIN_TIMEOUT_S)
-                previous.hand_back_lease()
-            self.epoch = None
-            epoch = self.epoch = self._make_epoch()
-            if previous is not None and self.shared_iterator_source is not None:
-                # Its iter() would end or reset the iterator that producer (or one it
-                # waited for) may be in (torchdata #1482): the new pass starts once
-                # they have left.
-                epoch.start_after(previous.producers_to_outlast())
-            try:
-                # held first: a Ctrl-C from here on leaves no orphan producer
-                _start_claiming(self.shared_iterator_source, epoch)
-            except BaseException:
-                if epoch.thread.ident is None:
-                    self.epoch = None  # never started: nothing to retire
-                raise
-            return epoch
+            try:  # set inside: a Ctrl-C before the try leaves no stale mark
+                self._starting_on = threading.get_ident()
+                epoch = self._start_epoch()
+            finally:
+                self._starting_on = None
+        if self.closed:  # by a signal handler's close() while this thread was in here
+            self.close()
+            raise LoaderClosedError("this PingPongLoader was closed while iter() started "
+                                    "an epoch")
+        assert epoch is not None
+        return epoch
+
+    def _start_epoch(self) -> Epoch | None:
+        """:meth:`start_epoch` holding the lock; None if closed during the retire."""
+        if self.closed:
+            raise LoaderClosedError("this PingPongLoader is closed")
+        # The previous epoch stays recorded until it is retired: a Ctrl-C
+        # anywhere in here leaves it to the next iter() or close() (each
+        # step below is idempotent), never a running epoch nobody holds.
+        previous = self.epoch
+        if previous is not None:
+            previous.end(EpochState.SUPERSEDED)
+            # The full join, even after a failure: a producer still inside the
+            # source exits when it returns, without another step.
+            previous.retire(JOIN_TIMEOUT_S)
+            previous.hand_back_lease()
+        self.epoch = None
+        if self.closed:
+            return None
+        epoch = self.epoch = self._make_epoch()
+        if previous is not None and self.shared_iterator_source is not None:
+            # Its iter() would end or reset the iterator that producer (or one it
+            # waited for) may be in (torchdata #1482): the new pass starts once
+            # they have left.
+            epoch.start_after(previous.producers_to_outlast())
+        try:
+            # held first: a Ctrl-C from here on leaves no orphan producer
+            _start_claiming(self.shared_iterator_source, epoch)
+        except BaseException:
+            if epoch.thread.ident is None:
+                self.epoch = None  # never started: nothing to retire
+            raise
+        return epoch
 
     def close(self) -> None:
-        """``loader.close()`` and the loader's finaliser; idempotent, any thread."""
+        """``loader.close()`` and the loader's finaliser; idempotent, any thread.
+
+        From a signal handler (a SIGTERM handler) that interrupted this loader's
+        ``iter()`` or ``close()`` on its own thread -- which hold locks the close
+        needs -- it marks the loader closed and returns; the interrupted call
+        finishes the close when it resumes (``iter()`` then raises
+        :class:`LoaderClosedError`).
+        """
+        if _inside_on_this_thread(self._closing_on, self._close_lock):
+            return  # this thread's close() was interrupted: it finishes
+        if _inside_on_this_thread(self._starting_on, self._lock):
+            self.closed = True  # this thread's iter() was interrupted: it finishes
+            return
         run_off_pingpong_threads(self._close)
 
     def _close(self) -> None:
@@ -379,16 +423,23 @@ class LoaderCore:
         the retire's join leaves the epoch in place (ended) and the device open: the
         next call retires it and closes the device, never under a live producer."""
         with self._close_lock:
-            with self._lock:
-                if self.fully_closed:
-                    return
-                self.closed = True
-                epoch = self.epoch
-            if epoch is not None:
-                epoch.end(EpochState.LOADER_CLOSED)
-                epoch.retire(join_timeout())
-            with self._lock:
-                self.epoch = None
-            self.device.close()  # idempotent: a Ctrl-C before the mark below repeats it
-            with self._lock:
-                self.fully_closed = True
+            try:  # set inside: a Ctrl-C before the try leaves no stale mark
+                self._closing_on = threading.get_ident()
+                self._close_holding_the_close_lock()
+            finally:
+                self._closing_on = None
+
+    def _close_holding_the_close_lock(self) -> None:
+        with self._lock:
+            if self.fully_closed:
+                return
+            self.closed = True
+            epoch = self.epoch
+        if epoch is not None:
+            epoch.end(EpochState.LOADER_CLOSED)
+            epoch.retire(join_timeout())
+        with self._lock:
+            self.epoch = None
+        self.device.close()  # idempotent: a Ctrl-C before the mark below repeats it
+        with self._lock:
+            self.fully_closed = True

@@ -543,6 +543,26 @@ def test_sigint_storm_in_next_only_ever_raises_keyboard_interrupt():
     assert report["close_s"] < 2.0
 
 
+@pytest.mark.parametrize("where", ["iter", "close"])
+def test_close_from_a_signal_handler_while_iter_or_close_waits_for_a_producer(where):
+    """From a code review: a SIGTERM handler calling ``loader.close()`` (a graceful
+    stop under a job scheduler) hung for ever when the signal landed while the
+    main thread was in that loader's ``iter()`` or ``close()`` waiting for the last
+    epoch's producer: they hold locks that ``close()`` waits for, on the thread
+    the handler runs on.  The handler's ``close()`` now returns; the interrupted
+    call finishes the close (``iter()`` raising ``LoaderClosedError``)."""
+    with _spawned("close_in_signal_handler.py", where) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # SIGKILL: SIGTERM would only run the handler again
+            stdout, stderr = proc.communicate()
+            pytest.fail(f"hung; stdout so far: {stdout!r}")
+    assert proc.returncode == 0, stderr
+    done = "ITER RAISED LoaderClosedError" if where == "iter" else "CLOSED"
+    assert stdout.split() == ["HANDLED", *done.split(), "CLOSED=True"], stdout
+
+
 EXIT_SCENARIOS = {
     "stalled-source": 0,
     "waiting-for-slot": 0,
@@ -656,7 +676,8 @@ def _loader_one_batch_in(device: Any) -> tuple[PingPongLoader, Iterator[Any]]:
 
 HANDOVER = {"Epoch.end": epoch_module.Epoch.end,
             "Epoch.retire": epoch_module.Epoch.retire,
-            "LoaderCore.start_epoch": lifecycle_module.LoaderCore.start_epoch}
+            "LoaderCore.start_epoch": lifecycle_module.LoaderCore.start_epoch,
+            "LoaderCore._start_epoch": lifecycle_module.LoaderCore._start_epoch}
 
 
 @pytest.mark.parametrize("where", sorted(HANDOVER))
@@ -685,12 +706,13 @@ def test_a_ctrl_c_at_any_line_of_the_epoch_handover_leaves_nothing_running(where
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_a_ctrl_c_at_any_line_of_the_finaliser_still_closes_the_device():
+@pytest.mark.parametrize("where", ["_close", "_close_holding_the_close_lock"])
+def test_a_ctrl_c_at_any_line_of_the_finaliser_still_closes_the_device(where):
     """From a randomized lifecycle review: a Ctrl-C while the garbage collector
     ran a dropped loader's finaliser was swallowed by Python ("Exception ignored")
     with the device still open -- on CUDA, its pinned tables for the life of the
     process -- and nothing could call ``close()`` again."""
-    function = lifecycle_module.LoaderCore._close
+    function = getattr(lifecycle_module.LoaderCore, where)
     fired_at = []
     for lineno in _body_lines(function):
         device = fake(seed=0, max_delay_s=0.0)
@@ -1548,3 +1570,139 @@ def test_a_collection_inside_the_slot_hand_back_does_not_deadlock():
         gc.enable()
     assert not deadlocked, "iter(loader) deadlocked in the slot hand-back"
     loader.close()
+
+
+class _CtrlCOnce:
+    """Raises ``KeyboardInterrupt`` from the first call on the main thread (with
+    ``keyword``, if given) -- a Ctrl-C landing there -- then passes every call on to
+    ``original``."""
+
+    def __init__(self, original: Any, keyword: str | None = None) -> None:
+        self.original = original
+        self.keyword = keyword
+        self.fired = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.fired and threading.current_thread() is threading.main_thread() \
+                and (self.keyword is None or self.keyword in kwargs):
+            self.fired = True
+            raise KeyboardInterrupt
+        return self.original(*args, **kwargs)
+
+
+@pytest.mark.parametrize("where", ["the lease", "the count"])
+def test_a_ctrl_c_after_next_took_a_batch_off_the_queue_fails_the_epoch(monkeypatch, where):
+    """From a code review: a Ctrl-C that landed in ``next()`` after it took the batch
+    off the ready queue -- making its lease, or counting it -- escaped the handling
+    that fails the epoch: the epoch went on, and a loop that caught the Ctrl-C (to
+    save a checkpoint, say) and called ``next()`` again silently skipped that batch.
+    Now the epoch fails, as for a Ctrl-C anywhere else in ``next()``."""
+    triples = seq_triples(N, 6)
+    features = make_table()
+    with PingPongLoader(triples, features) as loader:
+        it = iter(loader)
+        next(it)
+        if where == "the lease":
+            monkeypatch.setattr(epoch_module, "Lease", _CtrlCOnce(epoch_module.Lease))
+        else:
+            stats = it._epoch.stats
+            monkeypatch.setattr(stats, "add", _CtrlCOnce(stats.add, "batches"))
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        monkeypatch.undo()
+        assert it.state is lifecycle_module.EpochState.FAILED
+        with pytest.raises(pingpong.EpochFailedError, match="KeyboardInterrupt"):
+            next(it)
+        assert [torch.equal(b.x, features[b.input_nodes]) for b in loader] == [True] * 6
+    assert wait_until(lambda: not producer_threads(), 10.0)
+
+
+class _SlowWaitOnThread(FakeAsyncDevice):
+    """A fake GPU whose ``consumer_wait`` (a batch made ready for the training
+    stream) is slow on one named thread, after saying it began."""
+
+    def __init__(self, slow_thread: str) -> None:
+        super().__init__(seed=2, max_delay_s=0.0)
+        self.slow_thread = slow_thread
+        self.inside = threading.Event()
+
+    def consumer_wait(self, event: Any, stream: Any = None) -> Any:
+        if threading.current_thread().name == self.slow_thread:
+            self.inside.set()
+            time.sleep(0.5)
+        return super().consumer_wait(event, stream)
+
+
+@pytest.mark.parametrize("where", ["before", "inside"])
+def test_next_superseded_by_iter_on_another_thread_while_it_delivers_says_superseded(
+        monkeypatch, where):
+    """From a code review: ``iter(loader)`` on another thread while ``next()`` was
+    between making the batch's lease and returning it handed that lease back --
+    then ``next()`` raised ``BatchExpiredError`` ("handed back when the next batch
+    was requested", which it was not), or, past the stream wait, returned the
+    batch from a slot the new epoch's producer was free to refill (on the fake
+    GPU: another batch's rows).  ``next()`` now raises ``EpochSupersededError``."""
+    features = make_table()
+    triples = seq_triples(N, 8)
+    device = _SlowWaitOnThread("training thread" if where == "inside" else "nobody")
+    if where == "before":  # descheduled after the lease is made, before the stream wait
+        original = epoch_module.Epoch._deliver
+
+        def slow_deliver(self: Any, message: Any, lease: Any) -> Any:
+            if threading.current_thread().name == "training thread":
+                device.inside.set()
+                time.sleep(0.5)
+            return original(self, message, lease)
+
+        monkeypatch.setattr(epoch_module.Epoch, "_deliver", slow_deliver)
+    with PingPongLoader(triples, features, device=device, num_buffers=2) as loader:
+        first_epoch = iter(loader)
+        outcome: list[Any] = []
+
+        def train() -> None:
+            try:
+                outcome.append(next(first_epoch))
+            except BaseException as exc:  # noqa: BLE001 - what next() raised is the result
+                outcome.append(exc)
+
+        trainer = threading.Thread(target=train, name="training thread")
+        trainer.start()
+        assert device.inside.wait(30)
+        second_epoch = iter(loader)
+        trainer.join(30)
+        for _ in range(4):  # the new epoch refills the slots
+            batch = next(second_epoch)
+            x = device.consumer_submit(batch.x.clone).result()
+            assert torch.equal(x, features[batch.input_nodes])
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], pingpong.EpochSupersededError), outcome
+
+
+def test_close_from_another_thread_racing_a_producer_that_left_says_closed(monkeypatch):
+    """From a code review: ``close()`` on another thread sets the producer's stop
+    flag before it marks the epoch closed; a ``next()`` waiting meanwhile that saw
+    the producer gone -- it had seen the flag and left -- and the epoch still
+    running raised ``ProducerDiedError``, not the promised ``LoaderClosedError``.
+    It now waits for the closer's word (at most 2 s)."""
+    source = SeqSource(seq_triples(N, 6), shuffle=False)
+    original_end = epoch_module.Epoch.end
+
+    def descheduled_end(self: Any, state: Any, failure: Any = None) -> bool:
+        if threading.current_thread().name == "closer":
+            self.stop.set()  # end()'s first step ...
+            time.sleep(1.0)  # ... then the closer loses the CPU
+        return original_end(self, state, failure)
+
+    monkeypatch.setattr(epoch_module.Epoch, "end", descheduled_end)
+    loader = PingPongLoader(source, make_table())
+    it = iter(loader)
+    next(it)
+    source.delay_s = 0.2  # the producer is in the source when the flag is set
+    closer = threading.Timer(0.3, loader.close)
+    closer.name = "closer"
+    closer.start()
+    with pytest.raises(pingpong.LoaderClosedError):
+        while True:
+            next(it)
+    closer.join(30)
+    assert wait_until(lambda: not producer_threads(), 10.0)
