@@ -29,15 +29,17 @@ shape or dtype, or rows that require grad (pingpong's copies are outside
 autograd: such a source would never train), raises
 :class:`~pingpong.errors.TableError`.
 
-**One call at a time.**  pingpong calls a row source from one thread at a time,
-as a plain loop would -- also when several loaders read it (``zip`` of two
-loaders, an evaluation loop nested in training) and when a new epoch starts
+**One call at a time.**  pingpong calls a row source (and its ``part_policy``,
+below) from one thread at a time, as a plain loop would -- also when several
+loaders read it (``zip`` of two loaders, an evaluation loop nested in
+training), while a loader over it is built, and when a new epoch starts
 while the last one's fetch is still stuck (the new fetch waits for it, under the
 loader's ``timeout=``; an epoch that ends meanwhile makes no call): the calls
 to one source object take turns.  So a source need not be thread-safe.  The
-rows it returns are copied before its next call through the same loader, but a
-call for another loader may come first: return rows the source will not write
-again (a new tensor per call, as indexing does).
+rows it returns are copied before its next call through the same loader (also
+when it backs several of the loader's tables), but a call for another loader
+may come first: return rows the source will not write again (a new tensor per
+call, as indexing does).
 
 **Rows held locally are read in place.**  A row source may say which of its
 rows live in this process's memory, the way a ``DistTensor`` does:
@@ -88,6 +90,7 @@ import math
 import operator
 import threading
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -263,16 +266,18 @@ class RemoteTable:
                     stop: threading.Event | None = None, poll_s: float = 0.05) -> FetchedRows:
         """The batch's rows at ``ids`` (validated): with ``read_local`` and a
         local part, only the others are fetched (see :class:`FetchedRows`).
-        No ids: neither the source nor its policy is called.
+        No ids: neither the source nor its policy is called.  The policy's calls
+        take their turn with the source's (:meth:`turn`).
 
         Raises what :meth:`fetch` and :meth:`LocalPart.locate` raise.
         """
         if not read_local or self.local is None or len(ids) == 0:
             return FetchedRows(self.fetch(ids, stop, poll_s), None, _NO_ROWS, _NO_ROWS)
         ids = np.asarray(ids, dtype=np.int64)
-        local_positions, local_rows, positions = self.local.locate(ids)
-        # None: every row is local
-        rows = self.fetch(ids[positions], stop, poll_s) if len(positions) else None
+        with self.turn(stop, poll_s):
+            local_positions, local_rows, positions = self.local.locate(ids)
+            # None: every row is local
+            rows = self._call(ids[positions]) if len(positions) else None
         return FetchedRows(rows, positions, local_rows, local_positions)
 
     def fetch(self, ids: np.ndarray, stop: threading.Event | None = None,
@@ -280,21 +285,28 @@ class RemoteTable:
         """The rows at ``ids`` (validated), as a contiguous CPU tensor; checks what came back.
 
         No ids: no call to the source (an empty result of the table's row shape).
-        While another call to the source runs, waits for it (the call lock),
-        checking ``stop`` (if given) every ``poll_s`` s.
+        The call takes its turn (:meth:`turn`).
 
         Raises what the source raises; :class:`FetchStopped` when ``stop`` was set
-        while waiting (the source was not called); and
+        while waiting for the turn (the source was not called); and
         :class:`~pingpong.errors.TableError` for a result of the wrong type, shape,
         dtype or layout (sparse), one on the meta device, or one that requires grad.
         """
         if len(ids) == 0:  # a node type absent from a batch: no round trip for nothing
             return torch.empty((0, *self.row_shape), dtype=self.dtype)
-        # A copy: a source that changes the ids it is given (global to local, in
-        # place) must not change the batch's ids or the other tables' gathers.
-        id_tensor = torch.tensor(ids, dtype=torch.int64)
-        # One call at a time per source object (module docstring); an ended
-        # epoch's producer waiting behind a stuck call leaves without calling.
+        with self.turn(stop, poll_s):
+            return self._call(ids)
+
+    @contextlib.contextmanager
+    def turn(self, stop: threading.Event | None = None,
+             poll_s: float = 0.05) -> Iterator[None]:
+        """Hold the source's call lock for the block: one call at a time per source
+        object, its ``part_policy``'s included (module docstring).  While another
+        call runs, waits for it, checking ``stop`` (if given) every ``poll_s`` s.
+
+        Raises :class:`FetchStopped` once ``stop`` is set while waiting -- an ended
+        epoch's producer waiting behind a stuck call leaves without calling.
+        """
         if stop is None:
             self.call_lock.acquire()
         elif not acquire(self.call_lock, stop, poll_s):
@@ -303,9 +315,15 @@ class RemoteTable:
             self.call_lock.release()
             raise FetchStopped(self.name)
         try:
-            rows = self.source[id_tensor]
+            yield
         finally:
             self.call_lock.release()
+
+    def _call(self, ids: np.ndarray) -> torch.Tensor:
+        """``source[ids]`` (at least one id; the caller has the :meth:`turn`), checked."""
+        # A copy: a source that changes the ids it is given (global to local, in
+        # place) must not change the batch's ids or the other tables' gathers.
+        rows = self.source[torch.tensor(ids, dtype=torch.int64)]
         want = (len(ids), *self.row_shape)
         if not isinstance(rows, torch.Tensor):
             raise TableError(
@@ -439,16 +457,20 @@ def find_local_part(table: RemoteTable) -> LocalPart | None:
     if not all(name in dir(source) for name in names):  # dir(): no property runs
         return None
     try:
-        rows, policy = source.local_partition, source.part_policy
-        problem, book_ids = _local_part_problem(table, rows, policy), None
-        if problem is None:  # then ask the book, once: DGL builds an arange of the ids
-            book_ids = partition_book_ids(policy)
-            problem = _size_problem(policy, rows.shape[0], book_ids)
-        if problem is None:
-            id_range = (None if book_ids is None
-                        else local_id_range(policy, rows.shape[0], table.num_rows, book_ids))
-            return LocalPart(make_host_table(rows, f"{table.name}.local_partition"),
-                             int(policy.part_id), policy, id_range)
+        # In turn with the calls of loaders already reading the source (its policy
+        # need not be thread-safe either).
+        with table.turn():
+            rows, policy = source.local_partition, source.part_policy
+            problem, book_ids = _local_part_problem(table, rows, policy), None
+            if problem is None:  # then ask the book, once: DGL builds an arange of the ids
+                book_ids = partition_book_ids(policy)
+                problem = _size_problem(policy, rows.shape[0], book_ids)
+            if problem is None:
+                id_range = (None if book_ids is None
+                            else local_id_range(policy, rows.shape[0], table.num_rows,
+                                                book_ids))
+                return LocalPart(make_host_table(rows, f"{table.name}.local_partition"),
+                                 int(policy.part_id), policy, id_range)
     except Exception as exc:  # noqa: BLE001 - whatever it is, the rows are fetched instead
         problem = f"reading it raised {exc!r}"
     logger.info("pingpong: %s: rows of the local partition are fetched like the "

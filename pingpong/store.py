@@ -138,6 +138,14 @@ def _as_tensor(value: Any, name: str) -> torch.Tensor:
             )
         value = _from_numpy(value, name)
     if not isinstance(value, torch.Tensor):
+        if callable(getattr(value, "__getitem__", None)) and \
+                not isinstance(value, list | tuple | str | bytes):  # meant as a row source?
+            missing = " or ".join(a for a in ("shape", "dtype") if not hasattr(value, a))
+            raise TableError(
+                f"{name} must be a torch.Tensor, a NumPy array or a row source; "
+                f"{type(value).__name__} has __getitem__ but no {missing}: a row source "
+                "also has shape (rows first) and a torch dtype (see pingpong.rowsource)"
+            )
         raise TableError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     return value
 

@@ -9,8 +9,10 @@ loop with its own exception; a stuck one honours ``timeout=``.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -248,6 +250,26 @@ def test_bad_row_sources_are_refused_at_construction(bad: Any, needle: str):
         PingPongLoader([], bad)
 
 
+@pytest.mark.parametrize(("attributes", "missing"), [
+    ({"__len__": lambda self: 3}, "shape or dtype"),
+    ({"shape": (3, 2)}, "dtype"),
+    ({"dtype": torch.float32}, "shape"),
+], ids=["len-only", "no-dtype", "no-shape"])
+def test_a_would_be_row_source_is_told_what_it_lacks(attributes: dict[str, Any], missing: str):
+    """From a row-source review: an object with ``__getitem__`` (and a length) but
+    no ``shape``/``dtype`` got "features must be a torch.Tensor", which says
+    nothing of row sources."""
+    bad = type("Rowish", (), {"__getitem__": lambda self, ids: None, **attributes})()
+    with pytest.raises(pingpong.TableError,
+                       match=rf"Rowish has __getitem__ but no {missing}: a row source"):
+        PingPongLoader([], bad)
+
+
+def test_a_list_of_rows_is_told_to_be_a_tensor():
+    with pytest.raises(pingpong.TableError, match=r"must be a torch.Tensor, got list$"):
+        PingPongLoader([], [[1.0, 2.0], [3.0, 4.0]])  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("make_rows", "needle"), [
     (lambda rows: rows.to_sparse(), r"returned rows of layout torch.sparse_coo"),
     (lambda rows: torch.empty(rows.shape, device="meta"), r"returned rows on the meta device"),
@@ -348,22 +370,6 @@ class ScratchRows:
             self._inside -= 1
 
 
-def test_two_loaders_over_one_row_source_call_it_one_at_a_time():
-    """From a DistDGL review: ``zip`` of two loaders sharing one row source called it
-    from both producers at once, which a plain ``zip`` never does; a source that
-    is not thread-safe returned wrong rows (138 of 180 batches in the review's
-    script), with no error.  Calls to one source object now take turns."""
-    table = make_table()
-    source = ScratchRows(table)
-    first, second = seq_triples(N, 30, seed=1), seq_triples(N, 30, seed=2)
-    with PingPongLoader(first, source) as a, PingPongLoader(second, source) as b:
-        for _ in range(2):
-            pairs = [(torch.equal(x.x, table[x.input_nodes]),
-                      torch.equal(y.x, table[y.input_nodes])) for x, y in zip(a, b, strict=True)]
-            assert pairs == [(True, True)] * 30
-    assert source.most_inside == 1
-
-
 def test_a_loader_started_while_a_fetch_is_stuck_waits_for_it():
     """A fetch of one loader stuck past its ``timeout=``: another loader over the
     same source, started then, waits for that call to return rather than calling
@@ -436,3 +442,128 @@ def test_a_row_source_freed_while_the_lock_registry_is_held_does_not_deadlock():
     threading.Thread(target=free_it_holding_the_registry, daemon=True).start()
     assert finished.wait(10), "the finaliser deadlocked on the registry's lock"
     assert key not in rowsource._call_locks
+
+
+class ScratchPolicy:
+    """A ``part_policy`` that is not thread-safe: ``to_local`` builds its answer in
+    one scratch buffer (then returns a copy), and counts calls inside it at once.
+    Partition 0 -- this process's -- holds the even ids."""
+
+    def __init__(self, num_rows: int) -> None:
+        self.part_id = 0
+        self._local_row = torch.full((num_rows,), -1, dtype=torch.int64)
+        self._local_row[0::2] = torch.arange((num_rows + 1) // 2)
+        self._scratch = torch.empty(num_rows, dtype=torch.int64)
+        self._inside = 0
+        self.most_inside = 0
+
+    @contextlib.contextmanager
+    def _counted(self) -> Iterator[None]:
+        self._inside += 1
+        self.most_inside = max(self.most_inside, self._inside)
+        try:
+            yield
+        finally:
+            self._inside -= 1
+
+    def get_part_size(self) -> int:
+        with self._counted():
+            time.sleep(0.002)
+            return int((self._local_row >= 0).sum())
+
+    def to_partid(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.where(self._local_row[ids] >= 0, 0, 1)
+
+    def to_local(self, ids: torch.Tensor) -> torch.Tensor:
+        with self._counted():
+            scratch = self._scratch[:len(ids)]
+            torch.index_select(self._local_row, 0, ids, out=scratch)
+            time.sleep(0.002)  # another call overwriting the scratch now corrupts this one
+            return scratch.clone()
+
+
+class ScratchRowsHeldInPart(ScratchRows):
+    """:class:`ScratchRows` whose even rows are held locally, with a :class:`ScratchPolicy`."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__(table)
+        self.local_partition = table[0::2].clone()
+        self.part_policy = ScratchPolicy(len(table))
+
+
+@pytest.mark.parametrize("held_in_part", [False, True], ids=["fetched", "local-part"])
+def test_two_loaders_over_one_row_source_call_it_one_at_a_time(held_in_part: bool):
+    """From a DistDGL review: ``zip`` of two loaders sharing one row source called it
+    from both producers at once, which a plain ``zip`` never does; a source that
+    is not thread-safe returned wrong rows (138 of 180 batches in the review's
+    script), with no error.  Calls to one source object now take turns.  From a
+    row-source review, the same for a source with a local part: the
+    ``part_policy`` calls that find a batch's local rows ran outside the turn
+    (86 to 90 of 180 batches wrong); they take it now."""
+    table = make_table()
+    source = ScratchRowsHeldInPart(table) if held_in_part else ScratchRows(table)
+    first, second = seq_triples(N, 30, seed=1), seq_triples(N, 30, seed=2)
+    with PingPongLoader(first, source) as a, PingPongLoader(second, source) as b:
+        for _ in range(2):
+            pairs = [(torch.equal(x.x, table[x.input_nodes]),
+                      torch.equal(y.x, table[y.input_nodes])) for x, y in zip(a, b, strict=True)]
+            assert pairs == [(True, True)] * 30
+        assert (a.stats["rows_read_in_place"] > 0) == held_in_part  # the policy was asked
+    if isinstance(source, ScratchRowsHeldInPart):
+        assert source.part_policy.most_inside == 1
+    assert source.most_inside == 1
+
+
+def test_a_loader_built_while_another_reads_the_source_asks_its_policy_in_turn():
+    """Building a loader asks the source's ``part_policy`` about the local part
+    (``get_part_size``, the partition book): in turn with the producers already
+    calling the policy, as the calls of batches take turns."""
+    table = make_table()
+    source = ScratchRowsHeldInPart(table)
+    done = threading.Event()
+
+    def build_loaders() -> None:
+        while not done.is_set():
+            PingPongLoader([], source).close()
+
+    builder = threading.Thread(target=build_loaders)
+    with PingPongLoader(seq_triples(N, 40, seed=1), source) as loader:
+        builder.start()
+        try:
+            exact = [torch.equal(b.x, table[b.input_nodes]) for _ in range(2) for b in loader]
+        finally:
+            done.set()
+            builder.join(30)
+    assert exact == [True] * 80
+    assert source.part_policy.most_inside == 1
+
+
+class ReusedBuffer:
+    """A row source that returns views of one buffer it rewrites on every call."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self._table = table
+        self.shape = tuple(table.shape)
+        self.dtype = table.dtype
+        self._buffer = torch.empty_like(table)
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self._buffer[:len(ids)]
+        torch.index_select(self._table, 0, ids, out=out)
+        return out
+
+
+def test_one_row_source_behind_features_and_labels_keeps_each_tables_rows():
+    """From a row-source review: one source object passed as features and labels
+    was called for both tables of a batch before either was copied into the slot,
+    so a source that reuses its result buffer gave the labels' rows as features
+    (8 of 8 batches).  Rows fetched through the same loader are now kept apart
+    before the source's next call, as the docs promise."""
+    table = make_table()
+    source = ReusedBuffer(table)
+    triples = seq_triples(N, 8)
+    with PingPongLoader(triples, source, labels=source,
+                        form=lambda item: (item[0], item[1].flip(0))) as loader:
+        exact = [(torch.equal(batch.x, table[inputs]), torch.equal(batch.y, table[outputs.flip(0)]))
+                 for batch, (inputs, outputs, _) in zip(loader, triples, strict=True)]
+    assert exact == [(True, True)] * 8
