@@ -322,15 +322,16 @@ class Epoch:
         if self.debug:
             self.held_generation = message.generation
             self._check_held("between its hand-off and its delivery")
-        with self._lock:
-            if self.state is not EpochState.RUNNING:
-                return _ENDED_WHILE_DELIVERING
-            self.delivered += 1
-        self.stats.add(batches=1)
         batch = message.batch
         if isinstance(batch, LeasedBatch):
             batch._lease = lease
-        return batch
+        self.stats.add(batches=1)  # not under the lock: it allocates (see _end_lease)
+        with self._lock:
+            if self.state is EpochState.RUNNING:
+                self.delivered += 1  # last: the count is what the loop got
+                return batch
+        self.stats.add(batches=-1)
+        return _ENDED_WHILE_DELIVERING
 
     def _raise_if_ended(self) -> None:
         state = self.state

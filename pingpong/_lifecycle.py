@@ -357,14 +357,20 @@ class LoaderCore:
 
         Raises :class:`LoaderClosedError` on a closed loader -- also when a signal
         handler closed it while this ran (it then finishes that close)."""
-        with self._lock:
-            try:  # set inside: a Ctrl-C before the try leaves no stale mark
-                self._starting_on = threading.get_ident()
-                epoch = self._start_epoch()
-            finally:
-                self._starting_on = None
-        if self.closed:  # by a signal handler's close() while this thread was in here
-            self.close()
+        try:
+            with self._lock:
+                try:  # set inside: a Ctrl-C before the try leaves no stale mark
+                    self._starting_on = threading.get_ident()
+                    epoch = self._start_epoch()
+                finally:
+                    self._starting_on = None
+        finally:
+            # Closed while this ran -- by a signal handler on this thread (see
+            # close()), then returning or raising -- or a close left unfinished:
+            # finish it, whatever this call ends with.
+            if self.closed and not self.fully_closed:
+                self.close()
+        if self.closed:
             raise LoaderClosedError("this PingPongLoader was closed while iter() started "
                                     "an epoch")
         assert epoch is not None

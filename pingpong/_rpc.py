@@ -91,18 +91,43 @@ def holding(lock: threading.Lock | None, stop: threading.Event,
     """Hold ``lock`` (if any) for the block; yields False, holding nothing, when
     ``stop`` was set while waiting for it. Holding :data:`RPC_LOCK`, the thread has
     the turn (an :func:`rpc_turn` inside the block takes nothing)."""
-    global _turn_holder
     if lock is None:
         yield True
         return
     if not acquire(lock, stop, poll_s):
         yield False
         return
+    with _taken(lock):
+        yield True
+
+
+@contextlib.contextmanager
+def turn_within(timeout: float) -> Iterator[bool]:
+    """Take the turn in DGL's RPC client (in a process with one:
+    :func:`lock_for_process`) for the block, waiting at most ``timeout`` s; yields
+    False, holding nothing, if a producer kept it that long (stuck in a DGL call).
+    True at once without a client, or on a thread that has the turn already."""
+    lock = lock_for_process()
+    if lock is None or has_turn():
+        yield True
+        return
+    if not lock.acquire(timeout=timeout):
+        yield False
+        return
+    with _taken(lock):
+        yield True
+
+
+@contextlib.contextmanager
+def _taken(lock: threading.Lock) -> Iterator[None]:
+    """For the block, ``lock`` -- just acquired -- is this thread's (the turn, if it
+    is :data:`RPC_LOCK`); released at the end."""
+    global _turn_holder
     turn = lock is RPC_LOCK
     try:
         if turn:
             _turn_holder = threading.get_ident()
-        yield True
+        yield
     finally:
         if turn:
             _turn_holder = None

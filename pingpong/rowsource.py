@@ -32,7 +32,8 @@ autograd: such a source would never train), raises
 **One call at a time.**  pingpong calls a row source (and its ``part_policy``,
 below) from one thread at a time, as a plain loop would -- also when several
 loaders read it (``zip`` of two loaders, an evaluation loop nested in
-training), while a loader over it is built, and when a new epoch starts
+training), while a loader over it is built (for at most 2 s:
+:data:`CONSTRUCTION_TURN_WAIT_S`), and when a new epoch starts
 while the last one's fetch is still stuck (the new fetch waits for it, under the
 loader's ``timeout=``; an epoch that ends meanwhile makes no call): the calls
 to one source object take turns.  So a source need not be thread-safe.  The
@@ -97,6 +98,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from . import _rpc
 from ._integers import integer
 from ._rpc import acquire
 from .errors import TableError
@@ -457,9 +459,7 @@ def find_local_part(table: RemoteTable) -> LocalPart | None:
     if not all(name in dir(source) for name in names):  # dir(): no property runs
         return None
     try:
-        # In turn with the calls of loaders already reading the source (its policy
-        # need not be thread-safe either).
-        with table.turn():
+        with _turn_at_construction(table):
             rows, policy = source.local_partition, source.part_policy
             problem, book_ids = _local_part_problem(table, rows, policy), None
             if problem is None:  # then ask the book, once: DGL builds an arange of the ids
@@ -476,6 +476,32 @@ def find_local_part(table: RemoteTable) -> LocalPart | None:
     logger.info("pingpong: %s: rows of the local partition are fetched like the "
                 "others, not read in place: %s", table.name, problem)
     return None
+
+
+#: How long building a loader waits for a row source's turn (:func:`find_local_part`).
+CONSTRUCTION_TURN_WAIT_S = 2.0
+
+
+@contextlib.contextmanager
+def _turn_at_construction(table: RemoteTable) -> Iterator[None]:
+    """Take the source's turn for the block -- in a DistDGL client after the RPC
+    turn, the producers' order -- so that reading its local part and asking its
+    policy take turns with the loaders already calling them.  Each is waited for
+    at most :data:`CONSTRUCTION_TURN_WAIT_S`: past that (a call stuck in the
+    source, a server gone) the block runs without it, logged, rather than the
+    constructor hanging."""
+    with _rpc.turn_within(CONSTRUCTION_TURN_WAIT_S) as have_rpc_turn:
+        if have_rpc_turn and table.call_lock.acquire(timeout=CONSTRUCTION_TURN_WAIT_S):
+            try:
+                yield
+            finally:
+                table.call_lock.release()
+            return
+        logger.warning(
+            "pingpong: %s: another call to the row source (or to DGL's RPC client) has "
+            "run for over %.0f s; reading its local part without waiting for it",
+            table.name, CONSTRUCTION_TURN_WAIT_S)
+        yield
 
 
 def _local_part_problem(table: RemoteTable, rows: Any, policy: Any) -> str | None:

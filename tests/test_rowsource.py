@@ -10,6 +10,7 @@ loop with its own exception; a stuck one honours ``timeout=``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from test_reliability_lifecycle import producer_threads, wait_until
 from test_usage_patterns import CountingCPUDevice
 
 import pingpong
-from pingpong import PingPongLoader, rowsource
+from pingpong import PingPongLoader, _rpc, rowsource
 
 N = 400
 
@@ -567,3 +568,64 @@ def test_one_row_source_behind_features_and_labels_keeps_each_tables_rows():
         exact = [(torch.equal(batch.x, table[inputs]), torch.equal(batch.y, table[outputs.flip(0)]))
                  for batch, (inputs, outputs, _) in zip(loader, triples, strict=True)]
     assert exact == [(True, True)] * 8
+
+
+def test_a_loader_built_behind_a_stuck_call_waits_for_its_turn_a_bounded_time(caplog):
+    """From a self-review: building a loader took the source's turn to read its
+    local part with no bound, so a call stuck in the source (a server gone, the
+    case the timeouts exist for) hung the constructor until it returned.  It
+    waits ``CONSTRUCTION_TURN_WAIT_S``, then reads without the turn (logged)."""
+    table = make_table()
+    source = ScratchRowsHeldInPart(table)
+    source.gate = threading.Event()
+    with PingPongLoader(seq_triples(N, 4), source, timeout=1.0) as stuck:
+        with pytest.raises(pingpong.BatchTimeoutError):
+            next(iter(stuck))  # its fetch is stuck inside the source, in its turn
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="pingpong.rowsource"):
+            later = PingPongLoader(seq_triples(N, 4, seed=3), source, timeout=30)
+        built_in = time.monotonic() - start
+        source.gate.set()
+        with later:
+            exact = [torch.equal(b.x, table[b.input_nodes]) for b in later]
+    assert built_in < rowsource.CONSTRUCTION_TURN_WAIT_S + 2.0
+    assert "reading its local part without waiting for it" in caplog.text
+    assert exact == [True] * 4
+
+
+class TurnTakingPolicy(ScratchPolicy):
+    """A policy that makes a DGL call of its own, in a turn, as ``rpc_turn``'s
+    docs ask of DGL calls off the producers."""
+
+    def get_part_size(self) -> int:
+        with pingpong.rpc_turn():
+            return super().get_part_size()
+
+
+def test_a_loader_built_in_a_distdgl_client_takes_the_rpc_turn_first(monkeypatch):
+    """From a self-review: building a loader took the source's turn and then,
+    inside the policy, the RPC turn -- the producers take them the other way
+    round -- and a loader built while another trained deadlocked both."""
+    monkeypatch.setattr(_rpc, "lock_for_process", lambda: _rpc.RPC_LOCK)  # a DistDGL client
+    table = make_table()
+    source = ScratchRowsHeldInPart(table)
+    source.part_policy = TurnTakingPolicy(len(table))
+    done = threading.Event()
+    built: list[int] = []
+
+    def build_loaders() -> None:
+        while not done.is_set():
+            PingPongLoader([], source).close()
+            built.append(1)
+
+    builder = threading.Thread(target=build_loaders, daemon=True)
+    with PingPongLoader(seq_triples(N, 40, seed=1), source, timeout=10) as loader:
+        builder.start()
+        try:
+            exact = [torch.equal(b.x, table[b.input_nodes]) for b in loader]
+        finally:
+            done.set()
+            builder.join(10)
+    assert not builder.is_alive()
+    assert exact == [True] * 40
+    assert built

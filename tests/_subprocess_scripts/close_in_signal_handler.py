@@ -2,9 +2,12 @@
 inside that loader's ``iter()`` or ``close()``, each waiting up to 2 s for the last
 epoch's producer, which is inside a 3 s source step.
 
-Usage: ``python close_in_signal_handler.py {iter|close}``.  Prints ``HANDLED`` when
-the handler's ``close()`` returns, then what the interrupted call did
-(``ITER RAISED <error>`` or ``CLOSED``), then ``CLOSED=<loader.closed>``.
+Usage: ``python close_in_signal_handler.py {iter|close} {returns|raises}``: the
+handler returns after ``close()``, or raises ``Stop``.  Prints ``HANDLED`` once the
+handler's ``close()`` returned, then what the interrupted call did (``ITER RAISED
+<error>`` or ``CLOSED``), then ``CLOSED=<loader.closed>``, ``FULLY_CLOSED=`` (the
+close finished: epoch retired, device closed) and ``PRODUCERS_LEFT=`` (producer
+threads alive once the stuck step had time to return).
 """
 
 from __future__ import annotations
@@ -30,8 +33,12 @@ class SlowSecondStep:
             yield (torch.arange(10) + i, torch.arange(4), None)
 
 
+class Stop(Exception):
+    """What a handler that raises raises."""
+
+
 def main() -> None:
-    where = sys.argv[1]
+    where, handler = sys.argv[1], sys.argv[2]
     loader = PingPongLoader(SlowSecondStep(), torch.randn(100, 4))
     it = iter(loader)
     next(it)  # the producer is now inside the 3 s step
@@ -39,6 +46,8 @@ def main() -> None:
     def on_sigterm(signum: int, frame: object) -> None:
         loader.close()
         print("HANDLED", flush=True)
+        if handler == "raises":
+            raise Stop
 
     signal.signal(signal.SIGTERM, on_sigterm)
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
@@ -52,6 +61,10 @@ def main() -> None:
         loader.close()  # joins the producer
         print("CLOSED", flush=True)
     print(f"CLOSED={loader.closed}", flush=True)
+    print(f"FULLY_CLOSED={loader._core.fully_closed}", flush=True)
+    time.sleep(3.5)  # the stuck step returns: its producer leaves
+    producers = [t for t in threading.enumerate() if t.name.startswith("pingpong-producer")]
+    print(f"PRODUCERS_LEFT={len(producers)}", flush=True)
     del it
 
 
