@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import math
 from pathlib import Path
+from typing import Any
 
 #: What each example's ``--fanouts`` help ends with: argparse reads a value that
 #: starts with ``-`` as an option, so a leading ``-1`` needs the ``=`` form.
@@ -32,6 +33,18 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+#: The largest ``--seed``: DGL's random seed is a C int.
+MAX_SEED = 2**31 - 1
+
+
+def seed_value(text: str) -> int:
+    """``--seed``: an int in ``[0, MAX_SEED]`` (``dgl.seed`` takes nothing larger)."""
+    value = int(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must lie in [0, {MAX_SEED}], got {text}")
     return value
 
 
@@ -125,7 +138,7 @@ def add_minibatch_training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=positive_float, default=0.01)
     p.add_argument("--epochs", type=positive_int, default=3)
     p.add_argument("--num-buffers", type=buffer_count, default=2)
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
 
 
@@ -138,3 +151,14 @@ def parse_dgl_example_args(parser: argparse.ArgumentParser, argv: list[str] | No
         parser.error(f"this example needs DGL ({why})")
     check_json_target(parser, args.json)
     return args
+
+
+def refuse_empty_splits(parser: argparse.ArgumentParser, splits: dict[str, Any],
+                        what: str, grow: str) -> None:
+    """Exit (status 2) naming the first empty split: its metric would print as a
+    plain 0.0000.  ``what`` names the split's items, ``grow`` the flags to raise."""
+    for name, ids in splits.items():
+        if len(ids) == 0:
+            sizes = "/".join(str(len(i)) for i in splits.values())
+            parser.exit(2, f"{parser.prog}: error: the {name} split has no {what} "
+                           f"({'/'.join(splits)} {sizes}); raise {grow}\n")

@@ -95,10 +95,10 @@ from _args import (  # noqa: E402
     check_json_target,
     fanout_list,
     non_negative_float,
-    non_negative_int,
     positive_float,
     positive_int,
     probability,
+    seed_value,
 )
 from _stacks import ANSWERED_DIR_ENV, answer_stack_requests, request_stacks  # noqa: E402
 from sage_model import SAGE  # noqa: E402
@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--feat-dim", type=positive_int, default=128)
     p.add_argument("--num-classes", type=positive_int, default=16)
     p.add_argument("--avg-degree", type=positive_float, default=15.0)
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--num-parts", type=positive_int, default=2,
                    help="partitions = servers = trainers (one each per partition)")
     p.add_argument("--part-dir", type=Path, default=None,

@@ -72,10 +72,10 @@ from _args import (
     check_device_flags,
     check_json_target,
     fanout_list,
-    non_negative_int,
     positive_float,
     positive_int,
     probability,
+    seed_value,
 )
 from sage_model import SAGE
 
@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--avg-degree", type=positive_float, default=10.0)
     p.add_argument("--val-frac", type=fraction, default=0.1)
     p.add_argument("--test-frac", type=fraction, default=0.1)
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--log-every", type=positive_int, default=20)
     p.add_argument("--json", type=Path, default=None, help="write a JSON summary here")
     return p

@@ -50,6 +50,7 @@ from _args import (
     add_producer_flags,
     parse_dgl_example_args,
     positive_int,
+    refuse_empty_splits,
 )
 
 import pingpong
@@ -255,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
     data = make_rating_graph(args.num_users, args.num_items, args.ratings_per_user,
                              args.feat_dim, args.seed)
+    refuse_empty_splits(parser, {"train": data.train_eids, "val": data.val_eids,
+                                 "test": data.test_eids}, "ratings",
+                        "--num-users or --ratings-per-user")
     print(f"Graph: {data.graph.num_nodes('user')} users, {data.graph.num_nodes('item')} "
           f"items, {len(data.ratings)} ratings | loader {args.loader}", flush=True)
     result = train(args, data)

@@ -51,6 +51,7 @@ from _args import (
     parse_dgl_example_args,
     positive_int,
     probability,
+    refuse_empty_splits,
 )
 from sage_model import mean_aggregate
 
@@ -315,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*CPU affinity opt is not enabled.*")
     data = make_mag_like(args.num_papers, args.num_authors, args.num_fields, args.feat_dim,
                          args.num_classes, args.seed)
+    refuse_empty_splits(parser, {"train": data.train_idx, "val": data.val_idx,
+                                 "test": data.test_idx}, "papers", "--num-papers")
     print(f"Graph: {data.graph.num_nodes('paper')} papers, {data.graph.num_nodes('author')} "
           f"authors, {data.graph.num_nodes('field')} fields, {data.graph.num_edges()} edges | "
           f"loader {args.loader} | device {args.device}", flush=True)

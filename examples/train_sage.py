@@ -80,6 +80,7 @@ from _args import (
     positive_float,
     positive_int,
     probability,
+    seed_value,
 )
 from sage_model import MLP, SAGE
 
@@ -145,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph-kind", choices=list(GRAPH_KINDS), default="powerlaw",
                    help="synthetic degree distribution: powerlaw (Chung-Lu, exponent 2.5, "
                         "hubs are hot rows) or uniform (Poisson degrees, no hot rows)")
-    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--seed", type=seed_value, default=0)
     p.add_argument("--mlp", action="store_true",
                    help="features-only baseline (same loop, the model ignores the blocks)")
     p.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
@@ -203,7 +204,9 @@ class Dataset:
 
 def _split_from_masks(g: Any, labels: torch.Tensor, seed: int) -> tuple[torch.Tensor, ...]:
     if all(f"{s}_mask" in g.ndata for s in ("train", "val", "test")):
-        return tuple(torch.nonzero(g.ndata[f"{s}_mask"], as_tuple=True)[0]
+        # a label < 0 marks a node without one (as below), also under a mask
+        return tuple(torch.nonzero(g.ndata[f"{s}_mask"].bool() & (labels >= 0),
+                                   as_tuple=True)[0]
                      for s in ("train", "val", "test"))
     # no masks: a seeded 60/20/20 split of the labelled nodes (a label < 0 marks
     # a node without one, as in OGB's files)
@@ -221,11 +224,23 @@ def _from_dgl_graph(g: Any, seed: int) -> Dataset:
     for key in ("feat", "label"):
         if key not in g.ndata:
             raise KeyError(f"graph has no ndata[{key!r}]")
+    if g.ndata["feat"].dim() != 2:
+        raise ValueError(f"ndata['feat'] must be 2-D (nodes x features), got shape "
+                         f"{tuple(g.ndata['feat'].shape)}")
     labels = g.ndata["label"].reshape(-1).long()
     train_idx, val_idx, test_idx = _split_from_masks(g, labels, seed)
     num_classes = int(labels[labels >= 0].max()) + 1
     return Dataset(g.ndata["feat"], labels, train_idx, val_idx, test_idx, num_classes,
                    dgl_graph=g)
+
+
+def check_splits(data: Dataset) -> None:
+    """Refuse a split without nodes: its accuracy would print as 0.0000."""
+    for name in ("train", "val", "test"):
+        if len(getattr(data, f"{name}_idx")) == 0:
+            raise ValueError(f"the {name} split has no labelled nodes (train/val/test "
+                             f"{len(data.train_idx)}/{len(data.val_idx)}/"
+                             f"{len(data.test_idx)}); use a larger graph")
 
 
 def load_dataset(args: argparse.Namespace) -> Dataset:
@@ -1004,6 +1019,7 @@ def main(argv: list[str] | None = None) -> int:
     source_name = str(args.graph) if args.graph is not None else args.dataset
     try:
         data = load_dataset(args)
+        check_splits(data)
     # Downloads, missing packages, bad files: one line, no traceback.
     except Exception as exc:  # noqa: BLE001
         message = " ".join(str(exc).split()) or type(exc).__name__

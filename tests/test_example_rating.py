@@ -46,6 +46,9 @@ def test_rating_without_dgl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
 @pytest.mark.parametrize("argv", [
     ["--num-buffers", "1"], ["--fanouts", "10,0"], ["--lr", "0"], ["--epochs", "0"],
     ["--ratings-per-user", "0"], ["--json", "/no/such/folder/run.json"],
+    ["--seed", "2147483648"],
+    # no validation ratings: "Val RMSE 0.0000" read as perfect (an examples review)
+    ["--num-users", "2", "--num-items", "1", "--ratings-per-user", "1"],
 ])
 def test_rating_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:

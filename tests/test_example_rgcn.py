@@ -56,6 +56,7 @@ def test_rgcn_without_dgl_is_a_clear_error(tmp_path: Path,
     ["--num-buffers", "1"], ["--fanouts", "10,0"], ["--dropout", "1.5"], ["--lr", "0"],
     ["--epochs", "0"], ["--json", "/no/such/folder/run.json"], ["--gather", "zerocopy"],
     ["--producer-nice", "20"], ["--producer-nice", "-1"], ["--sampler-threads", "0"],
+    ["--seed", "2147483648"], ["--num-papers", "3"],  # no validation papers: Acc 0.0000
     pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
         torch.cuda.is_available(), reason="CUDA is available here")),
 ])
