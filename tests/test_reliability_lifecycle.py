@@ -1684,6 +1684,7 @@ def test_next_superseded_by_iter_on_another_thread_while_it_delivers_says_supers
             assert torch.equal(x, features[batch.input_nodes])
         assert len(outcome) == 1
         assert isinstance(outcome[0], pingpong.EpochSupersededError), outcome
+        assert loader.stats["batches"] == 4  # what the loops got: not the dropped one
 
 
 def test_close_from_another_thread_racing_a_producer_that_left_says_closed(monkeypatch):
