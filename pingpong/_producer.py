@@ -17,7 +17,6 @@ import os
 import queue
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -398,21 +397,19 @@ def _fetch_remote(
     before each fetch and while one waits behind another call to its source).
     """
     fetched: Fetched = {}
-    remote = [(table, ids[key]) for tables, ids in ((store.tables, x_ids),
-                                                     (store.label_tables, y_ids))
-              for key, table in tables.items() if isinstance(table, RemoteTable) and key in ids]
-    called = Counter(id(table.source) for table, _ in remote)
-    for table, table_ids in remote:
-        if stop.is_set():
-            raise FetchStopped(table.name)
-        if health is not None:
-            health()
-        rows = table.fetch_split(table_ids, read_local, stop, poll_s)
-        if called[id(table.source)] > 1 and rows.rows is not None:
-            # One source object behind several tables: its next call for this
-            # batch comes before the copy into the slot -- keep these rows apart.
-            rows = dataclasses.replace(rows, rows=rows.rows.clone())
-        fetched[id(table)] = rows
+    for tables, ids in ((store.tables, x_ids), (store.label_tables, y_ids)):
+        for key, table in tables.items():
+            if isinstance(table, RemoteTable) and key in ids:
+                if stop.is_set():
+                    raise FetchStopped(table.name)
+                if health is not None:
+                    health()
+                rows = table.fetch_split(ids[key], read_local, stop, poll_s)
+                if id(table.source) in store.shared_sources and rows.rows is not None:
+                    # One source object behind several tables: its next call for
+                    # this batch may come before the copy into the slot.
+                    rows = dataclasses.replace(rows, rows=rows.rows.clone())
+                fetched[id(table)] = rows
     return fetched
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -259,12 +260,17 @@ class FeatureStore:
     num_rows: int = field(init=False, default=0)
     #: The tables of ``all_tables`` that are host tables (not row sources).
     host_tables: tuple[HostTable, ...] = field(init=False, default=(), repr=False)
+    #: ``id()`` of each row-source object behind more than one of the tables.
+    shared_sources: frozenset[int] = field(init=False, default=frozenset(), repr=False)
 
     def __post_init__(self) -> None:
         if not self.heterogeneous:
             object.__setattr__(self, "num_rows", next(iter(self.tables.values())).num_rows)
         object.__setattr__(self, "host_tables",
                            tuple(t for t in self.all_tables if isinstance(t, HostTable)))
+        sources = Counter(id(t.source) for t in self.all_tables if isinstance(t, RemoteTable))
+        object.__setattr__(self, "shared_sources",
+                           frozenset(key for key, count in sources.items() if count > 1))
 
     def check_memory_unchanged(self) -> None:
         """:meth:`HostTable.check_memory_unchanged` for every host table (per batch,

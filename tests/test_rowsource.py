@@ -371,17 +371,26 @@ class ScratchRows:
             self._inside -= 1
 
 
+@contextlib.contextmanager
+def stuck_fetch(source: ScratchRows) -> Iterator[PingPongLoader]:
+    """A loader over ``source`` whose first fetch is stuck inside it, past the
+    loader's ``timeout=`` (1 s), until ``source.gate`` is set."""
+    source.gate = threading.Event()
+    with PingPongLoader(seq_triples(N, 4), source, timeout=1.0) as stuck:
+        with pytest.raises(pingpong.BatchTimeoutError):
+            next(iter(stuck))
+        yield stuck
+
+
 def test_a_loader_started_while_a_fetch_is_stuck_waits_for_it():
     """A fetch of one loader stuck past its ``timeout=``: another loader over the
     same source, started then, waits for that call to return rather than calling
     the source alongside it, and everything it delivers is exact."""
     table = make_table()
     source = ScratchRows(table)
-    source.gate = threading.Event()
-    with PingPongLoader(seq_triples(N, 4), source, timeout=1.0) as stuck, \
+    with stuck_fetch(source), \
             PingPongLoader(seq_triples(N, 4, seed=3), source, timeout=30) as later:
-        with pytest.raises(pingpong.BatchTimeoutError):
-            next(iter(stuck))
+        assert source.gate is not None
         threading.Timer(2.0, source.gate.set).start()  # the stuck call returns later
         exact = [torch.equal(b.x, table[b.input_nodes]) for b in later]
     assert exact == [True] * 4
@@ -395,11 +404,9 @@ def test_an_epoch_ended_while_its_fetch_waits_for_a_stuck_call_makes_no_call():
     for an epoch no one would read)."""
     table = make_table()
     source = ScratchRows(table)
-    source.gate = threading.Event()
-    with PingPongLoader(seq_triples(N, 4), source, timeout=1.0) as stuck, \
+    with stuck_fetch(source) as stuck, \
             PingPongLoader(seq_triples(N, 4, seed=3), source, timeout=1.0) as waiting:
-        with pytest.raises(pingpong.BatchTimeoutError):
-            next(iter(stuck))
+        assert source.gate is not None
         with pytest.raises(pingpong.BatchTimeoutError):
             next(iter(waiting))  # its producer waits behind the stuck call
         waiting.close()
@@ -577,10 +584,8 @@ def test_a_loader_built_behind_a_stuck_call_waits_for_its_turn_a_bounded_time(ca
     waits ``CONSTRUCTION_TURN_WAIT_S``, then reads without the turn (logged)."""
     table = make_table()
     source = ScratchRowsHeldInPart(table)
-    source.gate = threading.Event()
-    with PingPongLoader(seq_triples(N, 4), source, timeout=1.0) as stuck:
-        with pytest.raises(pingpong.BatchTimeoutError):
-            next(iter(stuck))  # its fetch is stuck inside the source, in its turn
+    with stuck_fetch(source):  # its fetch is stuck inside the source, in its turn
+        assert source.gate is not None
         start = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="pingpong.rowsource"):
             later = PingPongLoader(seq_triples(N, 4, seed=3), source, timeout=30)
