@@ -1,9 +1,9 @@
 """One epoch: a producer thread, its queues, and the consumer's side of the slot protocol.
 
-The states an epoch goes through and who moves it are in
-:mod:`pingpong._lifecycle`.  The producer thread receives only the queues,
-locks and flags it needs (:func:`pingpong._producer.produce`), never the
-epoch, the iterator or the loader, so dropping them stops it.
+The states an epoch goes through are in :mod:`pingpong._epoch_states`, and
+who moves it in :mod:`pingpong._lifecycle`.  The producer thread receives
+only the queues, locks and flags it needs (:func:`pingpong._producer.produce`),
+never the epoch, the iterator or the loader, so dropping them stops it.
 """
 
 from __future__ import annotations
@@ -17,16 +17,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn, SupportsIndex
 
 from . import _rpc
-from ._lifecycle import (
-    JOIN_TIMEOUT_S,
-    POLL_S,
-    SHORT_JOIN_TIMEOUT_S,
-    EpochState,
-    describe_failure,
-    ended_error,
-    join_timeout,
-    register_epoch,
-)
+from ._epoch_states import EpochState, describe_failure, ended_error
+from ._exit_hook import register_epoch
+from ._lifecycle import JOIN_TIMEOUT_S, POLL_S, SHORT_JOIN_TIMEOUT_S, join_timeout
 from ._producer import Delivery, Failure, Message, produce
 from ._threads import Latch, ThreadExit, run_marking_exit
 from .batch import LeasedBatch
@@ -77,7 +70,7 @@ def _stop_iteration_error() -> StrayStopIterationError:
 
 
 class Epoch:
-    """One pass over the source; see :mod:`pingpong._lifecycle` for its states.
+    """One pass over the source; see :mod:`pingpong._epoch_states` for its states.
 
     Invariants: once :meth:`retire` returned, the producer writes no slot
     again (it may still be blocked inside the source, and exits when that
@@ -544,7 +537,7 @@ class EpochIterator(Iterator[Any]):
 
     @property
     def state(self) -> EpochState:
-        """Where this epoch is (see :mod:`pingpong._lifecycle`)."""
+        """Where this epoch is (see :mod:`pingpong._epoch_states`)."""
         return self._epoch.state
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ from test_reliability_lifecycle import producer_threads, wait_until
 
 import pingpong
 from pingpong import PingPongLoader
-from pingpong._lifecycle import EpochState
+from pingpong._epoch_states import EpochState
 
 N = 100
 

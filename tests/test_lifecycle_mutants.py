@@ -18,7 +18,7 @@ import torch
 from test_reliability import SeqSource, make_table, seq_triples
 
 import pingpong
-from pingpong._lifecycle import EpochState
+from pingpong._epoch_states import EpochState
 from pingpong._producer import Delivery
 from pingpong.devices.fake import FakeAsyncDevice
 from pingpong.slots import GROWTH, ROW_GRANULE, Buffer, grown_capacity

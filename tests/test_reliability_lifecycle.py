@@ -42,6 +42,7 @@ import pingpong._lifecycle as lifecycle_module
 import pingpong.devices.cpu as cpu_device_module
 import pingpong.kernels._warmup as warmup_module
 from pingpong import PingPongLoader
+from pingpong._epoch_states import EpochState
 from pingpong.devices.fake import FakeAsyncDevice
 
 N = 400
@@ -1311,7 +1312,7 @@ def test_an_epoch_that_never_started_leaves_its_loader_usable_and_nothing_alive(
     failing, a Ctrl-C between building the epoch and starting it) made every later
     ``iter()`` and ``close()`` raise "cannot join thread before it is started",
     and the record of shared sources kept its device and slots alive."""
-    import pingpong._lifecycle as lifecycle_module
+    import pingpong._source_claims as claims_module
 
     source = _persistent_source(SlowItems(0.0))
     features = torch.randn(8, 3)
@@ -1328,14 +1329,14 @@ def test_an_epoch_that_never_started_leaves_its_loader_usable_and_nothing_alive(
             monkeypatch.setattr(threading.Thread, "start", failing_start)
             expected: type[BaseException] = RuntimeError
         else:
-            shared = lifecycle_module._shared_sources
+            shared = claims_module._shared_sources
 
             class InterruptedOnce(weakref.WeakKeyDictionary):  # type: ignore[type-arg]
                 def __setitem__(self, key: Any, value: Any) -> None:
-                    monkeypatch.setattr(lifecycle_module, "_shared_sources", shared)
+                    monkeypatch.setattr(claims_module, "_shared_sources", shared)
                     raise KeyboardInterrupt  # a Ctrl-C just before the producer starts
 
-            monkeypatch.setattr(lifecycle_module, "_shared_sources", InterruptedOnce())
+            monkeypatch.setattr(claims_module, "_shared_sources", InterruptedOnce())
             expected = KeyboardInterrupt
         with pytest.raises(expected):
             iter(loader)
@@ -1616,7 +1617,7 @@ def test_a_ctrl_c_after_next_took_a_batch_off_the_queue_fails_the_epoch(monkeypa
         with pytest.raises(KeyboardInterrupt):
             next(it)
         monkeypatch.undo()
-        assert it.state is lifecycle_module.EpochState.FAILED
+        assert it.state is EpochState.FAILED
         # the count is what the loop got: the batch in flight is not among them
         assert it.batches_delivered == 1
         with pytest.raises(pingpong.EpochFailedError, match=r"after 1 batches \(KeyboardInterrupt"):

@@ -521,7 +521,7 @@ def _close_all_devices() -> None:
     """At exit, stop the workers at once (later consumer releases are no-ops), then
     wait for them, ``EXIT_JOIN_S`` for all: a worker still running a torch op when
     the interpreter finalises can abort the process (see
-    :func:`pingpong._lifecycle._end_all_epochs`)."""
+    :func:`pingpong._exit_hook._end_all_epochs`)."""
     devices = list(_live_devices)
     streams = [s for device in devices for s in (device.copy_stream, device.consumer_stream)]
     for device in devices:

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from pingpong import PingPongLoader, _lifecycle, _rpc
+from pingpong import PingPongLoader, _exit_hook, _rpc
 
 scenario = sys.argv[1]
 state = {"inside": False}
@@ -77,7 +77,7 @@ _rpc.lock_for_process = lambda: _rpc.RPC_LOCK
 
 closes = scenario in ("closed-while-inside", "slow-free")
 if scenario == "slow-free":
-    _lifecycle.EXIT_JOIN_BUDGET_S = 5.0
+    _exit_hook.EXIT_JOIN_BUDGET_S = 5.0
 loader = PingPongLoader(SlowCalls(5.0 if closes else 3.0), torch.zeros(20, 3))
 it = iter(loader)
 next(it)
