@@ -78,12 +78,15 @@ def run_job(mode: str, out: Path, part_dir: Path, env: dict[str, str] | None = N
     """Run one job (``env``: more environment for all its processes); return its
     job.json and the ranks' JSON (missing ones as {}).
 
-    Whatever happens, every process it started must be gone afterwards.
+    Whatever happens, every process it started must be gone afterwards. Their
+    temporary files go under ``out``: a trainer that leaves with ``os._exit`` after
+    a server is lost leaves its ``multiprocessing`` temporary directory behind.
     """
+    (out / "tmp").mkdir(exist_ok=True)
     try:
         returncode, stdout, stderr = run_in_own_session(
             [sys.executable, str(JOB), mode, str(out), str(part_dir)], timeout=JOB_LIMIT_S,
-            env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+            env=dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(out / "tmp"), **(env or {})))
         assert returncode == 0, stdout[-3000:] + stderr[-3000:] + job_logs(out)
     finally:
         if (out / "pids.json").exists():
