@@ -6,7 +6,11 @@ hook (pingpong's own shutdown work lies between the two), and
 ``WARM_UP_ENDED_AFTER <seconds>`` for each kernel warm-up still running at
 ``EXITING`` (the interpreter waits for its step in progress; see
 :mod:`pingpong.kernels._warmup`), or ``WARM_UP_UNFINISHED`` for one whose step
-outlasted that wait (bounded by ``EXIT_JOIN_S``).  Scenarios:
+outlasted that wait (bounded by ``EXIT_JOIN_S``).  In ``mid-gather`` it also
+prints ``GATHERS_STARTED_AFTER_EXITING <n>`` (gathers of the big table that
+began after ``EXITING``) and ``GATHER_ENDED_AFTER <seconds>`` for the last
+one to end, if it ended after ``EXITING``: shutdown waits for a gather in
+flight, which a loaded machine makes slow.  Scenarios:
 
 - ``stalled-source``: the producer is blocked inside a hung source;
 - ``waiting-for-slot``: the training loop holds a batch, the producer waits
@@ -27,15 +31,24 @@ import atexit
 import sys
 import threading
 import time
+from typing import Any
 
 _marked: list[float] = []
 _warm_ups_at_exit: list = []
+_big_gathers: list[tuple[float, float]] = []  # (start, end) of each, monotonic
 
 
 @atexit.register  # registered first, so it runs after every other exit hook
 def _report() -> None:
     if _marked:
         print(f"LAST_HOOK_AFTER {time.monotonic() - _marked[0]:.3f}", flush=True)
+    if _marked and sys.argv[1] == "mid-gather":
+        after = [(start, end) for start, end in _big_gathers if end > _marked[0]]
+        print(f"GATHERS_STARTED_AFTER_EXITING {sum(s > _marked[0] for s, _ in after)}",
+              flush=True)
+        if after:
+            print(f"GATHER_ENDED_AFTER {max(e for _, e in after) - _marked[0]:.3f}",
+                  flush=True)
     for warm_up in _warm_ups_at_exit:
         if warm_up.finished_at is not None:
             print(f"WARM_UP_ENDED_AFTER {warm_up.finished_at - _marked[0]:.3f}", flush=True)
@@ -55,6 +68,7 @@ def mark_exiting() -> None:
 import torch  # noqa: E402 - after the hook above, on purpose
 
 from pingpong import PingPongLoader  # noqa: E402
+from pingpong.devices.cpu import CPUDevice  # noqa: E402
 from pingpong.devices.fake import FakeAsyncDevice  # noqa: E402
 
 N = 20_000
@@ -81,6 +95,22 @@ class Stalled:
 _alive: list = []
 
 
+def _time_gathers_of(row_bytes: int) -> None:
+    """Record when each CPU gather of rows ``row_bytes`` wide starts and ends."""
+    gather = CPUDevice.gather
+
+    def timed(self: CPUDevice, table: Any, ids: Any, out: Any) -> None:
+        if table.byte_rows.shape[1] != row_bytes:
+            return gather(self, table, ids, out)
+        start = time.monotonic()
+        try:
+            return gather(self, table, ids, out)
+        finally:
+            _big_gathers.append((start, time.monotonic()))
+
+    setattr(CPUDevice, "gather", timed)  # noqa: B010 - the method, for this process
+
+
 def main() -> None:
     scenario = sys.argv[1]
     features = torch.randn(N, 16)
@@ -95,6 +125,7 @@ def main() -> None:
         next(it)
     elif scenario == "mid-gather":
         big = torch.randn(N, 256)
+        _time_gathers_of(big.shape[1] * big.element_size())
         gen = torch.Generator().manual_seed(1)
         source = [(torch.randint(0, N, (200_000,), generator=gen), torch.arange(8), None)] * 20
         loader = PingPongLoader(source, big, labels, num_buffers=3)
