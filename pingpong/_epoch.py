@@ -392,7 +392,16 @@ class Epoch:
             # Not under self._lock: recording allocates, the garbage collector may
             # run there, and a finaliser it runs (a dropped EpochIterator's) ends
             # this epoch, which takes self._lock.
-            events = lease.end()
+            try:
+                events = lease.end()
+            except BaseException:
+                # Recording failed (a Ctrl-C, a device error): the lease is still
+                # held, and the slot keeps its old events -- put the lease back, so
+                # that the next hand-back records them before the slot is refilled.
+                with self._lock:
+                    if self.lease is None:
+                        self.lease = lease
+                raise
             if events is None:
                 return None
             lease.slot.release_events = events

@@ -27,7 +27,9 @@ class LeasedBatch:
 
     Mixed into the named tuples below (their instances have a ``__dict__``
     for it); ``_lease`` is set by the consumer when ``next()`` delivers the
-    batch, and ``None`` for a clone.
+    batch, and ``None`` for a clone.  :meth:`_replace` keeps it; a batch built
+    anew from the fields (``Batch(*batch)``) has none, though its ``x`` and
+    ``y`` are still the slot's views: use ``_replace`` or :meth:`clone`.
     """
 
     #: The slot lease this batch was delivered with (``None`` for a clone).
@@ -44,6 +46,15 @@ class LeasedBatch:
         if self._lease is not None:
             self._lease.use_on(stream)
         return self
+
+    def _replace(self, **fields: Any) -> Any:
+        """The named tuple's ``_replace``, keeping the slot lease: the new batch's
+        ``x`` and ``y`` are still the slot's views (unless replaced), so
+        :meth:`record_stream` on it must still wait for the batch and hold the
+        slot."""
+        replaced = super()._replace(**fields)  # type: ignore[misc]
+        replaced._lease = self._lease
+        return replaced
 
     def clone(self) -> Any:
         """A copy whose ``x`` and ``y`` own their memory (safe to keep)."""

@@ -149,11 +149,14 @@ class Lease:
     def end(self) -> tuple[Any, ...] | None:
         """Record release events on every stream that used the batch; idempotent.
 
-        Returns the events (``None`` if the lease had already ended).
+        Returns the events (``None`` if the lease had already ended).  The lease
+        ends only once every event is recorded: if recording raises (a Ctrl-C,
+        a device error), it is still held, and a later call records them all.
         """
         with self._lock:
             if self._ended:
                 return None
-            self._ended = True
             streams = self.streams or [None]
-            return tuple(self.device.consumer_record(stream) for stream in streams)
+            events = tuple(self.device.consumer_record(stream) for stream in streams)
+            self._ended = True
+            return events

@@ -1725,3 +1725,50 @@ def test_close_from_another_thread_racing_a_producer_that_left_says_closed(monke
             next(it)
     closer.join(30)
     assert wait_until(lambda: not producer_threads(), 10.0)
+
+
+class _EpochNumberedSource:
+    """Epoch ``e`` yields 8 batches of 16 copies of node ``8 e + i``: the rows of any
+    batch name the epoch and step that gathered them."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, list[Any]]]:
+        e, self.epoch = self.epoch, self.epoch + 1
+        return iter([(torch.full((16,), 8 * e + i), torch.full((1,), 8 * e + i), [])
+                      for i in range(8)])
+
+
+@pytest.mark.parametrize("fault", [KeyboardInterrupt, RuntimeError])
+def test_a_failed_release_record_keeps_the_slot_until_a_later_hand_back_records_it(fault):
+    """From a code review: when recording a batch's release events raised in the
+    ``next()`` that hands its slot back (a Ctrl-C, a device error), the lease was
+    spent but its events never reached the slot, so the next epoch (the cell run
+    again) refilled the slot while work queued on the batch still read it: that
+    work read the new epoch's rows. Now the lease stays held, and the new epoch's
+    hand-back records the events first."""
+    table = torch.arange(64 * 8, dtype=torch.float32).view(64, 8)
+    device = FakeAsyncDevice(seed=3, max_delay_s=0.0, consumer_max_delay_s=0.0, poison=False)
+
+    def read(batch: Any) -> torch.Tensor:  # in stream order, as a training step reads
+        return device.consumer_submit(batch.x.clone).result(10)
+
+    with PingPongLoader(_EpochNumberedSource(), table, device=device) as loader:
+        it = iter(loader)
+        first = next(it)  # node 0's rows
+
+        def slow_step(batch: Any = first) -> torch.Tensor:
+            time.sleep(0.5)  # a long training step on the consumer stream
+            return batch.x.clone()
+
+        step = device.consumer_submit(slow_step)
+        device.inject_fault("consumer_record", 1, fault)
+        with pytest.raises(fault):
+            next(it)  # hands the first batch's slot back: recording its events fails
+        device.clear_faults()
+        assert it.state is EpochState.FAILED
+        again = iter(loader)  # while the step still reads the first batch
+        assert torch.equal(read(next(again)), table[torch.full((16,), 8)])
+        assert torch.equal(step.result(10), table[torch.zeros(16, dtype=torch.long)])
+        assert [torch.equal(read(b), table[b.input_nodes]) for b in again] == [True] * 7

@@ -508,6 +508,31 @@ def test_batch_record_stream_goes_through_the_lease_until_the_next_batch():
         it.close()
 
 
+def test_a_batch_replaced_field_by_field_keeps_its_slot_lease():
+    """From a code review: ``batch._replace(...)`` (the named-tuple idiom, to move
+    ``blocks`` say) returned a batch without the slot lease while its ``x`` was
+    still the slot's view, so its ``record_stream`` neither waited for the batch
+    nor held the slot, and raised nothing once the slot was handed back."""
+    triples, features, _ = triples_and_tables()
+    device = StreamLog()
+    with PingPongLoader(SeqSource(triples, shuffle=False), features, device=device) as loader:
+        it = iter(loader)
+        first = next(it)
+        moved = first._replace(blocks=["moved"])
+        assert type(moved) is type(first)
+        assert moved.blocks == ["moved"]
+        assert moved.x is first.x
+        assert moved.record_stream("side") is moved
+        assert ("wait", "side") in device.log
+        next(it)
+        releases = [entry for entry in device.log if entry[0] == "record"]
+        assert releases == [("record", "current"), ("record", "side")]
+        with pytest.raises(pingpong.BatchExpiredError):
+            moved.record_stream("other")
+        assert moved.clone()._lease is None
+        it.close()
+
+
 def test_a_failing_consumer_wait_ends_the_epoch_instead_of_skipping_a_batch():
     """Found: the slot whose wait raised was never handed back, and the batch was lost."""
     triples, features, _ = triples_and_tables()
