@@ -269,6 +269,8 @@ def run_width(bench: argparse.Namespace, feat_dim: int, names: list[str]) -> dic
     del batches
     return {
         "feat_dim": feat_dim,
+        "training": {"train_nodes": len(data.train_idx), "batch_size": ns.batch_size,
+                     "fanouts": list(ns.fanouts), "hidden": ns.hidden},
         "num_batches": num_batches,
         "train": train_s,
         "load_alone_s": load_s,
@@ -319,6 +321,20 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def describe_training(report: dict[str, Any]) -> str:
+    """What each epoch trains on, as the run recorded it (older runs recorded only
+    their batch count)."""
+    width = report["widths"][0]
+    training = width.get("training")
+    if training is None:
+        return (f"{width['num_batches']} batches per epoch (batch size, fanouts and "
+                "hidden width not recorded by this run)")
+    fanouts = ",".join(map(str, training["fanouts"]))
+    return (f"{training['train_nodes']} train nodes, batch {training['batch_size']} "
+            f"({width['num_batches']} batches per epoch), fanouts {fanouts}, "
+            f"hidden {training['hidden']}")
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     rows = summarize(report)
     m = report["machine"]
@@ -327,7 +343,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         _common.describe_machine(m), "",
         f"torch.get_num_threads() at start: {report['torch_threads']}; "
         f"graph: synthetic, {report['num_nodes']} nodes, avg degree 15, 16 classes, "
-        "60% train, batch 1024, fanouts 15,10,5, hidden 128; "
+        f"{describe_training(report)}; "
         f"{report['epochs']} epochs per run (first = warm-up), {report['rounds']} round(s), "
         f"runs alternated in random order; {report['elapsed_s']:.0f} s in all.", "",
         "`epoch s`: median timed training epoch (evaluation excluded). `load`: iterating "
