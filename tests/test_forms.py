@@ -930,6 +930,30 @@ def test_graphbolt_minibatches_kept_with_deepcopy_stay_intact():
         assert torch.equal(minibatch.labels, LABELS[minibatch.seed_nodes])
 
 
+@pytest.mark.parametrize("labels", [True, False])
+def test_graphbolt_minibatches_sampled_once_and_reused_every_epoch(labels):
+    """From a GraphBolt review: a list of sampled MiniBatches (fixed neighbourhoods,
+    sampled once) is a re-iterable like any other, but pingpong filled the list's own
+    objects: the second pass was refused as a pipeline that fetches features (or
+    carries labels), and the list held slot views that later batches overwrote.
+    pingpong now fills copies: every pass is exact and the list stays as it was."""
+    gb = _graphbolt()
+    sampled = list(_graphbolt_pipeline(gb, torch.arange(0, NUM_NODES, 2)))
+    tables = (FEATURES, LABELS) if labels else (FEATURES,)
+    with PingPongLoader(sampled, *tables, num_buffers=2) as loader:
+        for _ in range(3):
+            got = [(mb.input_nodes, mb.seed_nodes, mb.node_features["feat"].clone(),
+                    mb.labels.clone() if labels else None) for mb in loader]
+            assert len(got) == len(sampled)
+            for input_nodes, seed_nodes, x, y in got:
+                assert torch.equal(x, FEATURES[input_nodes])
+                if labels:
+                    assert torch.equal(y, LABELS[seed_nodes])
+    for minibatch in sampled:
+        assert not minibatch.node_features
+        assert minibatch.labels is None
+
+
 def test_graphbolt_workers_through_an_empty_fetch_stage():
     """The guide's way to keep gb.DataLoader's workers (DGL 2.1 starts them only before
     a fetch_feature stage): an empty fetch, accepted, every batch bit for bit."""
@@ -1024,11 +1048,13 @@ def test_graphbolt_2_2_field_names(device_kind):
     device = _device(device_kind)
     checker = Checker(device)
     with PingPongLoader(items, FEATURES, LABELS, device=device) as loader:
-        for minibatch, item in zip(loader, items, strict=True):
-            assert minibatch is item
-            checker.equal(minibatch.node_features["feat"], FEATURES[item.input_nodes])
-            checker.equal(minibatch.labels, LABELS[item.seeds])
+        for _ in range(2):  # the same objects each pass: pingpong fills copies
+            for minibatch, item in zip(loader, items, strict=True):
+                assert minibatch.input_nodes is item.input_nodes
+                checker.equal(minibatch.node_features["feat"], FEATURES[item.input_nodes])
+                checker.equal(minibatch.labels, LABELS[item.seeds])
         checker.resolve()
+    assert all(item.node_features is None and item.labels is None for item in items)
     pairs = MiniBatch(seeds=torch.tensor([[0, 1], [2, 3]]), input_nodes=torch.arange(4))
     with PingPongLoader([pairs], FEATURES, LABELS) as loader:  # a link task: no seed nodes
         with pytest.raises(pingpong.BatchFormError, match="link task"):

@@ -12,6 +12,7 @@ gather (``pingpong._ids`` reads them there).
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any
 
@@ -150,11 +151,16 @@ def feature_name(key: str | None, heterogeneous: bool, ntype: str | None = None)
 
 
 def fill(minibatch: Any, x: Any, y: Any, heterogeneous: bool, labels_from_pingpong: bool) -> Any:
-    """Put the gathered rows into the (already moved) ``minibatch``; return it.
+    """A shallow copy of the (already moved) ``minibatch`` with the gathered rows.
 
+    The source's own object is left as it was: a source that yields the same
+    ``MiniBatch`` objects every pass (a list of them, an ``in_memory_cache``
+    stage) would otherwise hold slot views that later batches overwrite, and
+    be refused on its next pass as one that already has ``node_features``.
     Heterogeneous labels keep the node types the minibatch has seeds of, as
     GraphBolt's item-set labels do (no zero-row entries for the others).
     """
+    minibatch = copy.copy(minibatch)
     if heterogeneous:
         features = {feature_name(None, True, ntype): rows for ntype, rows in x.items()}
     elif isinstance(x, dict):
