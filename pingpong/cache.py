@@ -154,6 +154,9 @@ def make_feature_cache(
             ``cache_bytes``, a gather mode without a cache, or tables the
             cache does not support (see the module docstring).
         IdRangeError: a hot id outside the feature table.
+        TableError: a hot id given twice.
+
+    ``hot_ids`` are checked in ``gather="device"`` too, where no cache is built.
     """
     if (budget := integer(cache_bytes)) is None or budget < 0:
         raise ConfigError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
@@ -162,7 +165,15 @@ def make_feature_cache(
         if hot_ids is not None:
             raise ConfigError("hot_ids needs cache_bytes > 0 (the size of the cache)")
         return None
+    table = store.tables.get(None)
+    one_table = not (store.is_dict or store.heterogeneous) and isinstance(table, HostTable)
     if device.gather_mode == "device":
+        if hot_ids is not None and one_table:
+            # the same refusals as where the cache runs: gather="auto" must not
+            # accept or refuse them depending on the GPU's free memory
+            assert isinstance(table, HostTable)
+            _checked_hot_ids(hot_ids, table,
+                             rows_within(cache_bytes, table.row_bytes, table.num_rows))
         logger.info("pingpong: cache_bytes is not used: gather='device' holds every row on the GPU")
         return None
     if not device.supports_cache:
@@ -170,32 +181,37 @@ def make_feature_cache(
             f"cache_bytes needs gather='zerocopy' on a CUDA device; this loader gathers "
             f"with {device.gather_mode!r}"
         )
-    table = store.tables.get(None)
-    if store.is_dict or store.heterogeneous or not isinstance(table, HostTable):
+    if not one_table:
         raise ConfigError(
             "cache_bytes supports one feature tensor; a dict of tables, a heterogeneous "
             "store or a row source cannot be cached (yet)"
         )
+    assert isinstance(table, HostTable)
     rows = rows_within(cache_bytes, table.row_bytes, table.num_rows)
     if rows == 0:
         raise ConfigError(
             f"cache_bytes={cache_bytes} holds no row of {table.row_bytes} bytes"
         )
-    hot = None
-    if hot_ids is not None:
-        if isinstance(hot_ids, torch.Tensor):
-            hot_ids = hot_ids.detach().cpu().numpy()
-        hot = np.asarray(hot_ids)
-        if hot.ndim != 1 or (hot.size and not np.issubdtype(hot.dtype, np.integer)):
-            raise ConfigError(f"hot_ids must be 1-D integers, got {hot.dtype} {hot.shape}")
-        if hot.size == 0:
-            raise ConfigError(
-                "hot_ids is empty: it would cache nothing; leave it out to cache the "
-                "rows the first epoch gathers most")
-        hot = hot[:rows]
-        if hot.dtype.kind == "u" and int(hot.max()) > np.iinfo(np.int64).max:
-            raise IdRangeError(
-                f"hot id {int(hot.max())} is outside the table's {table.num_rows} rows")
-        hot = hot.astype(np.int64)
-        build_slot_map(table.num_rows, hot)  # range and duplicates, before anything runs
+    hot = None if hot_ids is None else _checked_hot_ids(hot_ids, table, rows)
     return FeatureCache(table, rows, hot)
+
+
+def _checked_hot_ids(hot_ids: Any, table: HostTable, rows: int) -> np.ndarray:
+    """The first ``rows`` of ``hot_ids`` as int64, checked: 1-D integers, not empty,
+    each within the table and each once (the errors of :func:`make_feature_cache`)."""
+    if isinstance(hot_ids, torch.Tensor):
+        hot_ids = hot_ids.detach().cpu().numpy()
+    hot = np.asarray(hot_ids)
+    if hot.ndim != 1 or (hot.size and not np.issubdtype(hot.dtype, np.integer)):
+        raise ConfigError(f"hot_ids must be 1-D integers, got {hot.dtype} {hot.shape}")
+    if hot.size == 0:
+        raise ConfigError(
+            "hot_ids is empty: it would cache nothing; leave it out to cache the "
+            "rows the first epoch gathers most")
+    hot = hot[:rows]
+    if hot.size and hot.dtype.kind == "u" and int(hot.max()) > np.iinfo(np.int64).max:
+        raise IdRangeError(
+            f"hot id {int(hot.max())} is outside the table's {table.num_rows} rows")
+    hot = hot.astype(np.int64)
+    build_slot_map(table.num_rows, hot)  # range and duplicates, before anything runs
+    return hot

@@ -169,6 +169,8 @@ def _allocate(
     """:func:`empty_table`; ``stacklevel=1``: warnings name the public function's caller."""
     if pages not in PAGE_KINDS:
         raise ConfigError(f"pages must be one of {PAGE_KINDS}, got {pages!r}")
+    if getattr(shape, "ndim", None) == 0:  # a 0-d array or tensor: one dimension
+        shape = shape.item()  # type: ignore[union-attr]
     dims: list[object] = [shape] if integer(shape) is not None or isinstance(shape, bool) else (
         list(shape) if isinstance(shape, Iterable) and not isinstance(shape, str) else [None])
     ints = [integer(dim) for dim in dims]

@@ -99,6 +99,26 @@ def test_poison_values_per_dtype():
     assert poison_(torch.empty(0)).numel() == 0
 
 
+@pytest.mark.parametrize("dtype_name", ["float4_e2m1fn_x2", "bits8", "bits16", "uint4", "int2"])
+def test_dtypes_torch_cannot_fill_are_poisoned_and_gathered_exactly(dtype_name):
+    """From a code review: the CPU device gathers these bit for bit, but the fake
+    device could not poison a slot of them (NotImplementedError, TypeError), so no
+    loader over such a table ran on it. Their slots now get 0xFF bytes."""
+    dtype = getattr(torch, dtype_name, None)
+    if dtype is None:
+        pytest.skip(f"this torch has no {dtype_name}")
+    assert (poison_(torch.empty(3, 2, dtype=dtype)).view(torch.uint8) == 0xFF).all()
+    raw = torch.randint(0, 256, (50, 6), dtype=torch.uint8, generator=torch.Generator()
+                        .manual_seed(0))
+    table = raw.view(dtype)
+    triples = make_triples(50, 6, seed=2)
+    device = FakeAsyncDevice(seed=5, max_delay_s=0.001)
+    with PingPongLoader(triples, table, device=device) as loader:
+        for batch, (inputs, _outputs, _blocks) in zip(loader, triples, strict=True):
+            got = device.consumer_submit(lambda b=batch: b.x.view(torch.uint8).clone())
+            assert torch.equal(got.result(10), raw[inputs])
+
+
 def test_stream_errors_surface_at_the_next_enqueue(device):
     def boom() -> None:
         raise ZeroDivisionError("in a kernel")

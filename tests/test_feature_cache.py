@@ -234,6 +234,38 @@ def test_bad_cache_arguments_are_refused_at_construction(kwargs, error, match):
     assert device.closed  # the loader that failed to construct closed its device
 
 
+class _DeviceModeFake(FakeAsyncDevice):
+    """The fake device, reporting the CUDA device's ``gather="device"`` mode (tables
+    in GPU memory, where no cache is built)."""
+
+    gather_mode = "device"
+
+
+@pytest.mark.parametrize(
+    ("hot_ids", "error", "match"),
+    [
+        (torch.tensor([1, N]), IdRangeError, "outside"),
+        (torch.tensor([1, 1]), TableError, "distinct"),
+        (torch.tensor([1.5]), ConfigError, "1-D"),
+        (torch.tensor([], dtype=torch.int64), ConfigError, "hot_ids is empty"),
+    ],
+)
+def test_bad_hot_ids_are_refused_where_no_cache_is_built_too(hot_ids, error, match):
+    """From a code review: with ``gather="device"`` the cache is skipped, and so were
+    the checks of ``hot_ids`` -- so ``gather="auto"`` on a GPU accepted or refused the
+    same arguments depending on its free memory."""
+    device = _DeviceModeFake(seed=1, max_delay_s=0.001)
+    with pytest.raises(error, match=match):
+        PingPongLoader(_skewed_triples(3), torch.randn(N, 4), device=device,
+                       cache_bytes=64, hot_ids=hot_ids)
+    assert device.closed
+    good = PingPongLoader(_skewed_triples(3), torch.randn(N, 4),
+                          device=_DeviceModeFake(seed=1, max_delay_s=0.001),
+                          cache_bytes=64, hot_ids=torch.tensor([3, 1]))
+    assert good._cache is None  # nothing to cache: every row is on the device
+    good.close()
+
+
 def test_gather_modes_without_a_cache_say_so():
     with pytest.raises(ConfigError, match=r"gather='zerocopy' on a CUDA device.*'cpu'"):
         PingPongLoader(_skewed_triples(3), torch.randn(N, 4), cache_bytes=1024)

@@ -206,6 +206,11 @@ def test_bad_arguments():
             hp.empty_table(shape)
     assert hp.empty_table(np.int64(5)).shape == (5,)
     assert hp.empty_table((np.int32(3), 2)).shape == (3, 2)
+    # from a code review: a 0-d array was a bare TypeError ("iteration over a 0-d array")
+    assert hp.empty_table(np.array(5)).shape == (5,)
+    assert hp.empty_table(torch.tensor(4)).shape == (4,)
+    with pytest.raises(ValueError, match="shape must be an int or a sequence of ints"):
+        hp.empty_table(np.array(5.5))
     with pytest.raises(ValueError, match="CPU tensor"):
         hp.page_report(torch.empty(1, device="meta"))
 

@@ -74,14 +74,19 @@ def poison_(tensor: torch.Tensor) -> torch.Tensor:
     """Fill ``tensor`` in place with a value no real batch is expected to hold."""
     if tensor.numel() == 0:
         return tensor
-    if tensor.dtype == torch.bool:
-        tensor.fill_(True)
-    elif tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-        tensor.fill_(float("nan"))
-    elif tensor.dtype == torch.uint8 or str(tensor.dtype).startswith("torch.uint"):
-        tensor.fill_(torch.iinfo(tensor.dtype).max)
-    else:
-        tensor.fill_(torch.iinfo(tensor.dtype).min)
+    try:
+        if tensor.dtype == torch.bool:
+            tensor.fill_(True)
+        elif tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            tensor.fill_(float("nan"))
+        elif tensor.dtype == torch.uint8 or str(tensor.dtype).startswith("torch.uint"):
+            tensor.fill_(torch.iinfo(tensor.dtype).max)
+        else:
+            tensor.fill_(torch.iinfo(tensor.dtype).min)
+    except (RuntimeError, TypeError, NotImplementedError):
+        # dtypes torch cannot fill (packed float4, bits8/16, sub-byte ints): every
+        # byte 0xFF, a NaN pattern where the format has one
+        tensor.view(torch.uint8).fill_(0xFF)
     return tensor
 
 
