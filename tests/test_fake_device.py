@@ -115,8 +115,12 @@ def test_dtypes_torch_cannot_fill_are_poisoned_and_gathered_exactly(dtype_name):
     device = FakeAsyncDevice(seed=5, max_delay_s=0.001)
     with PingPongLoader(triples, table, device=device) as loader:
         for batch, (inputs, _outputs, _blocks) in zip(loader, triples, strict=True):
-            got = device.consumer_submit(lambda b=batch: b.x.view(torch.uint8).clone())
+            got = device.consumer_submit(functools.partial(_bytes_of, batch.x))
             assert torch.equal(got.result(10), raw[inputs])
+
+
+def _bytes_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.uint8).clone()
 
 
 def test_stream_errors_surface_at_the_next_enqueue(device):

@@ -948,6 +948,7 @@ def test_graphbolt_minibatches_sampled_once_and_reused_every_epoch(labels):
             for input_nodes, seed_nodes, x, y in got:
                 assert torch.equal(x, FEATURES[input_nodes])
                 if labels:
+                    assert y is not None
                     assert torch.equal(y, LABELS[seed_nodes])
     for minibatch in sampled:
         assert not minibatch.node_features

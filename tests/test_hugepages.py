@@ -207,10 +207,11 @@ def test_bad_arguments():
     assert hp.empty_table(np.int64(5)).shape == (5,)
     assert hp.empty_table((np.int32(3), 2)).shape == (3, 2)
     # from a code review: a 0-d array was a bare TypeError ("iteration over a 0-d array")
-    assert hp.empty_table(np.array(5)).shape == (5,)
-    assert hp.empty_table(torch.tensor(4)).shape == (4,)
+    zero_d: list[Any] = [np.array(5), torch.tensor(4), np.array(5.5)]
+    assert hp.empty_table(zero_d[0]).shape == (5,)
+    assert hp.empty_table(zero_d[1]).shape == (4,)
     with pytest.raises(ValueError, match="shape must be an int or a sequence of ints"):
-        hp.empty_table(np.array(5.5))
+        hp.empty_table(zero_d[2])
     with pytest.raises(ValueError, match="CPU tensor"):
         hp.page_report(torch.empty(1, device="meta"))
 
