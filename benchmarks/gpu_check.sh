@@ -9,7 +9,7 @@
 #                  (test_kernels_cudasim.py, test_sorted_gather_cudasim.py, the cache's
 #                  hit-and-miss gather test_cached_gather_cudasim.py), per-node-type
 #                  tables (test_heterogeneous.py), auto's choice (test_gather_choice.py),
-#                  the CUDA warm-up (test_warmup.py's cuda case), no process-wide side
+#                  the CUDA warm-ups (test_warmup.py's cuda cases), no process-wide side
 #                  effects (test_import_side_effects.py)
 #   memcheck [75]  compute-sanitizer memcheck on a small workload (if the tool works here)
 #   gather [100]   benchmarks/gather.py --device cuda: a 4 GiB float32 table on 4 KiB and on
@@ -147,7 +147,8 @@ for step in $steps; do
       run tests 120 $py -m pytest -q -p no:cacheprovider -W default \
         tests/test_cuda.py tests/test_kernels_cudasim.py tests/test_sorted_gather_cudasim.py \
         tests/test_cached_gather_cudasim.py tests/test_heterogeneous.py tests/test_gather_choice.py tests/test_import_side_effects.py \
-        tests/test_warmup.py::test_cuda_warm_up_compiles_what_the_gather_launches ;;
+        tests/test_warmup.py::test_cuda_warm_up_compiles_what_the_gather_launches \
+        tests/test_warmup.py::test_cuda_kernel_modes_warm_up_the_host_id_check_too ;;
     reliability)
       run reliability 180 $py -m pytest -q -p no:cacheprovider -W default -m cuda \
         tests/test_reliability.py tests/test_reliability_lifecycle.py \

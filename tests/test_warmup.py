@@ -488,3 +488,25 @@ def test_interpreter_exit_waits_for_a_stuck_warm_up_only_a_bounded_time():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "LEAVING"
     assert _warmup.EXIT_JOIN_S <= took < _warmup.EXIT_JOIN_S + 15  # + a fresh interpreter
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("gather", ["zerocopy", "device"])
+def test_cuda_kernel_modes_warm_up_the_host_id_check_too(gather):
+    """From a code review: the zerocopy and device warm-ups compiled only the CUDA
+    kernel, so once they were done the first batch's id check compiled (or loaded)
+    the Numba bounds pass on the producer -- 0.3 s on a CPU. They now warm it too."""
+    features = torch.randn(1000, 8)
+    batches = [(torch.randint(0, 1000, (50,)), torch.arange(4), None)]
+    with pingpong.PingPongLoader(batches, features, device="cuda", gather=gather) as loader:
+        warm_up = loader._device._mode.warm_up  # type: ignore[attr-defined]
+        assert warm_up is not None
+        warm_up.stop(60)  # joins
+        assert warm_up.error is None
+        id_dtypes = cpu_kernels.WARM_UP_ID_DTYPES
+        expected = [(numba.typeof(np.empty(1, dtype)),) for dtype in id_dtypes]
+        assert warm_up.result[:len(expected)] == expected
+        assert all(dtype in _checks._bounds_ready for dtype in id_dtypes)
+        for batch in loader:
+            assert torch.equal(batch.x.cpu(), features[batch.input_nodes])

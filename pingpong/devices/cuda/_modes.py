@@ -24,7 +24,9 @@ import torch
 
 from ...hotrows import build_slot_map
 from ...kernels import _interop, start_warm_up, warm_up_cpu
+from ...kernels._checks import warm_up_id_bounds
 from ...kernels._warmup import WarmUpThread
+from ...kernels.cpu import WARM_UP_ID_DTYPES
 from ...kernels.cuda import full_grid_blocks, gather_rows_cuda_unchecked, warm_up_cuda
 from ...kernels.cuda_cached import gather_rows_cached_unchecked
 from ...store import FeatureStore, HostTable, byte_rows
@@ -92,7 +94,8 @@ class _KernelGather(GatherMode):
                 self.sources[id(table)] = self.table_view(table)
         views, index = list(self.sources.values()), self.copy.device.index
         self.warm_up = start_warm_up(
-            lambda stop: warm_up_cuda(views, device_index=index, should_stop=stop)
+            lambda stop: _warm_up_id_checks(stop)
+            + warm_up_cuda(views, device_index=index, should_stop=stop)
         )
 
     @abc.abstractmethod
@@ -220,6 +223,18 @@ class DeviceGather(_KernelGather):
     def detach(self) -> None:
         super().detach()
         self.resident.clear()
+
+
+def _warm_up_id_checks(stop: Any) -> list[tuple[object, ...]]:
+    """Compile the host-side id-bounds check every batch runs in the producer, as
+    the CPU warm-up does: once the CUDA kernels are ready, a first batch would
+    otherwise compile it (or load it from the disk cache) on the producer."""
+    ready = []
+    for dtype in WARM_UP_ID_DTYPES:
+        if stop():
+            break
+        ready.append(warm_up_id_bounds(dtype))
+    return ready
 
 
 class StagedGather(GatherMode):
