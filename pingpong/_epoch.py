@@ -21,7 +21,7 @@ from ._epoch_states import EpochState, describe_failure, ended_error
 from ._exit_hook import register_epoch
 from ._lifecycle import JOIN_TIMEOUT_S, POLL_S, SHORT_JOIN_TIMEOUT_S, join_timeout
 from ._producer import Delivery, Failure, Message, produce
-from ._threads import Latch, ThreadExit, run_marking_exit
+from ._threads import Latch, ThreadExit, is_current, run_marking_exit
 from .batch import LeasedBatch
 from .cache import FeatureCache
 from .devices.base import Device
@@ -502,7 +502,7 @@ class Epoch:
         process forked while the producer filled a slot, the lock stays held
         by a thread that does not exist there.
         """
-        if threading.current_thread() is self.thread or self.thread.ident is None:
+        if is_current(self.thread) or self.thread.ident is None:
             return  # the producer's own finaliser, or a thread that never started
         if not self.stop.is_set():
             self.stop.set()  # ended by end(), unless a Ctrl-C landed inside it

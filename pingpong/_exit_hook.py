@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from . import _rpc
 from ._epoch_states import EpochState
-from ._threads import join_within
+from ._threads import current_thread_name, join_within
 
 if TYPE_CHECKING:
     from ._epoch import Epoch
@@ -97,7 +97,8 @@ def process_exiting() -> bool:
 
 def on_pingpong_thread() -> bool:
     """True on a thread pingpong started (producer, fake device worker, closer)."""
-    return threading.current_thread().name.startswith("pingpong-")
+    name = current_thread_name()
+    return name is not None and name.startswith("pingpong-")
 
 
 def run_off_pingpong_threads(work: Callable[[], None]) -> None:

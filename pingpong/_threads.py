@@ -1,7 +1,9 @@
 """Waiting for threads: a group against one deadline (the exit hooks' wait), and
 one-shot signals that a producer thread sets and other threads wait for safely
 under Ctrl-C (:class:`Latch`: the producer's exit, its source's start;
-:class:`ThreadExit`: a thread with its exit latch)."""
+:class:`ThreadExit`: a thread with its exit latch).  And which thread runs this
+code, asked without :func:`threading.current_thread` (:func:`is_current`,
+:func:`current_thread_name`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,28 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Latch", "ThreadExit", "join_within", "run_marking_exit"]
+__all__ = ["Latch", "ThreadExit", "current_thread_name", "is_current", "join_within",
+           "run_marking_exit"]
+
+
+# Why not threading.current_thread(): pingpong's closes and finalisers may run on a
+# thread that threading has already stopped listing -- one exiting, whose last
+# references (a threading.Timer's ``loader.close``) are freed then.  There,
+# current_thread() registers a _DummyThread for it, which stays listed in
+# threading.enumerate() (and counted by active_count()) after the thread is gone.
+def is_current(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is the thread running this code."""
+    return thread.ident == threading.get_ident() and thread.is_alive()
+
+
+def current_thread_name() -> str | None:
+    """The name of the thread running this code; None for one threading does not
+    list (exiting, or started outside :mod:`threading`)."""
+    ident = threading.get_ident()
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return None
 
 
 class Latch:
@@ -89,8 +112,7 @@ def join_within(threads: Iterable[threading.Thread], budget_s: float) -> list[th
     The calling thread and threads never started are skipped (joining either would
     raise) and never counted as alive.
     """
-    current = threading.current_thread()
-    joinable = [t for t in threads if t is not current and t.ident is not None]
+    joinable = [t for t in threads if not is_current(t) and t.ident is not None]
     deadline = time.monotonic() + budget_s
     for thread in joinable:
         thread.join(max(0.0, deadline - time.monotonic()))

@@ -304,6 +304,33 @@ def test_close_from_another_thread_ends_an_iter_waiting_for_the_source():
         next(it)
 
 
+def test_a_timer_that_holds_the_last_reference_to_a_loader_leaves_no_phantom_thread():
+    """From a GraphBolt review: ``threading.Timer(t, loader.close).start()`` with the
+    loader dropped meanwhile -- the timer thread frees it as it exits, after threading
+    stopped listing it. pingpong asked ``threading.current_thread()`` there, which
+    registered a ``_DummyThread`` for the exiting thread: it stayed in
+    ``threading.enumerate()`` (and ``active_count()``) for good, 11 of 40 loaders."""
+    triples, features, _ = triples_and_tables()
+    before = threading.active_count()
+    for i in range(30):
+        loader = PingPongLoader(SeqSource(triples, shuffle=False), features)
+        threading.Timer(0.002 * (i % 10), loader.close).start()  # not kept: it holds the last
+        try:
+            for _ in loader:
+                time.sleep(0.001)
+        except pingpong.LoaderClosedError:
+            pass
+        del loader
+    deadline = time.monotonic() + 10
+    while any(type(t) is threading.Timer for t in threading.enumerate()) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    gc.collect()
+    wait_for_no_pingpong_threads()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("Dummy")] == []
+    assert threading.active_count() == before
+
+
 def test_a_health_check_failing_while_iter_waits_for_the_source_is_raised_by_iter():
     triples, features, _ = triples_and_tables()
     source = PassCountingSource(triples)

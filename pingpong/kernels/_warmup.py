@@ -56,7 +56,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._threads import join_within
+from .._threads import is_current, join_within
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class WarmUpThread:
         thread = self._thread
         if thread.ident is None:
             return True
-        if thread is threading.current_thread() or _exiting:
+        if is_current(thread) or _exiting:
             return not thread.is_alive()
         thread.join(timeout)
         return not thread.is_alive()
