@@ -87,8 +87,10 @@ def _version(module: str) -> str | None:
 
 
 def _git_commit() -> str | None:
-    """``HEAD``'s short hash; ``+uncommitted`` when tracked files differ from it
-    (the code measured is then not that commit's)."""
+    """``HEAD``'s short hash; ``+uncommitted`` when tracked files differ from it, or
+    when a file git does not ignore is untracked under the code a benchmark runs
+    (``pingpong/``, ``benchmarks/``, ``examples/``): the code measured is then not
+    that commit's."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip()
@@ -96,11 +98,13 @@ def _git_commit() -> str | None:
     try:
         commit = git("rev-parse", "--short", "HEAD")
         changed = git("status", "--porcelain", "--untracked-files=no")
+        untracked = git("ls-files", "--others", "--exclude-standard", "--",
+                        ":/pingpong", ":/benchmarks", ":/examples")
     except (OSError, subprocess.SubprocessError):
         return None
     if not commit:
         return None
-    return f"{commit}+uncommitted" if changed else commit
+    return f"{commit}+uncommitted" if changed or untracked else commit
 
 
 def load_average() -> tuple[float, float, float] | None:
