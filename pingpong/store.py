@@ -36,7 +36,7 @@ def byte_rows(tensor: torch.Tensor) -> torch.Tensor:
     return rows.view(torch.uint8)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HostTable:
     """One validated host table; ``tensor`` is the caller's own, never copied.
 
@@ -228,7 +228,7 @@ def make_host_table(value: Any, name: str) -> HostTable:
 TableKey = str | tuple[str, str, str] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class FeatureStore:
     """The validated feature tables and optional label tables.
 
