@@ -386,26 +386,21 @@ class Epoch:
         """
         with self._lease_lock:
             with self._lock:
-                lease, self.lease = self.lease, None
+                lease = self.lease
             if lease is None:
                 return None
             # Not under self._lock: recording allocates, the garbage collector may
             # run there, and a finaliser it runs (a dropped EpochIterator's) ends
-            # this epoch, which takes self._lock.
-            try:
-                events = lease.end()
-            except BaseException:
-                # Recording failed (a Ctrl-C, a device error): the lease is still
-                # held, and the slot keeps its old events -- put the lease back, so
-                # that the next hand-back records them before the slot is refilled.
-                with self._lock:
-                    if self.lease is None:
-                        self.lease = lease
-                raise
-            if events is None:
-                return None
-            lease.slot.release_events = events
-            return lease.slot
+            # this epoch, which takes self._lock.  The lease stays recorded until
+            # its slot has the events (Lease.end gives them): a Ctrl-C or a device
+            # error anywhere before leaves it to the next hand-back.
+            events = lease.end()
+            with self._lock:
+                if self.lease is lease:
+                    self.lease = None
+            # None: an earlier call ended it and was interrupted before it could
+            # clear it -- its slot has its events, and is not handed back twice.
+            return None if events is None else lease.slot
 
     def _polls(self, start: float, what: str | Callable[[], str],
                when: str = "") -> Iterator[float]:

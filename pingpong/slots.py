@@ -121,8 +121,8 @@ class Lease:
 
     Created when ``next()`` delivers the batch, with the consumer stream it
     was made ready on; :meth:`use_on` adds streams (``batch.record_stream``);
-    :meth:`end` records a release event on every one of them and returns
-    them -- the copy stream waits for all before it refills the slot.  After
+    :meth:`end` records a release event on every one of them and gives them
+    to the slot -- the copy stream waits for all before it refills it.  After
     :meth:`end` the lease is spent: the slot belongs to the producer again.
     Thread-safe: the training thread and a closer on another thread may race.
     """
@@ -147,10 +147,11 @@ class Lease:
                 self.streams.append(used)
 
     def end(self) -> tuple[Any, ...] | None:
-        """Record release events on every stream that used the batch; idempotent.
+        """Record release events on every stream that used the batch and give them
+        to the slot (its ``release_events``); idempotent.
 
         Returns the events (``None`` if the lease had already ended).  The lease
-        ends only once every event is recorded: if recording raises (a Ctrl-C,
+        ends only once the slot has every event: if recording raises (a Ctrl-C,
         a device error), it is still held, and a later call records them all.
         """
         with self._lock:
@@ -158,5 +159,6 @@ class Lease:
                 return None
             streams = self.streams or [None]
             events = tuple(self.device.consumer_record(stream) for stream in streams)
+            self.slot.release_events = events
             self._ended = True
-            return events
+        return events

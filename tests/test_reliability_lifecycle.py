@@ -44,6 +44,7 @@ import pingpong.kernels._warmup as warmup_module
 from pingpong import PingPongLoader
 from pingpong._epoch_states import EpochState
 from pingpong.devices.fake import FakeAsyncDevice
+from pingpong.slots import Lease
 
 N = 400
 SCRIPTS = Path(__file__).parent / "_subprocess_scripts"
@@ -1772,3 +1773,58 @@ def test_a_failed_release_record_keeps_the_slot_until_a_later_hand_back_records_
         assert torch.equal(read(next(again)), table[torch.full((16,), 8)])
         assert torch.equal(step.result(10), table[torch.zeros(16, dtype=torch.long)])
         assert [torch.equal(read(b), table[b.input_nodes]) for b in again] == [True] * 7
+
+
+RELEASE = {"Lease.end": Lease.end, "Epoch._end_lease": epoch_module.Epoch._end_lease}
+
+
+@pytest.mark.parametrize("via", ["next", "iter"])
+@pytest.mark.parametrize("where", sorted(RELEASE))
+def test_a_ctrl_c_at_any_line_of_a_slot_hand_back_never_refills_a_slot_still_read(where, via):
+    """From a self-review: the fix above covered a raise inside the recording call
+    only; a Ctrl-C right after ``Lease.end``'s locked block (the lease marked ended,
+    its events not yet the slot's) or after ``_end_lease`` cleared the epoch's lease
+    lost the events all the same. A Ctrl-C at each line in turn, in the ``next()``
+    that hands the batch back or the ``iter()`` that starts the next epoch: the
+    work queued on the batch still reads its rows, and every later batch is exact."""
+    function = RELEASE[where]
+    table = torch.arange(64 * 8, dtype=torch.float32).view(64, 8)
+    fired_at = []
+    for lineno in _body_lines(function):
+        device = FakeAsyncDevice(seed=3, max_delay_s=0.0, consumer_max_delay_s=0.0,
+                                 poison=False)
+
+        def read(batch: Any, device: Any = device) -> torch.Tensor:
+            return device.consumer_submit(batch.x.clone).result(10)
+
+        with PingPongLoader(_EpochNumberedSource(), table, device=device) as loader:
+            it = iter(loader)
+            first = next(it)
+
+            def slow_step(batch: Any = first) -> torch.Tensor:
+                time.sleep(0.3)
+                return batch.x.clone()
+
+            step = device.consumer_submit(slow_step)
+            with contextlib.suppress(KeyboardInterrupt), \
+                    _ctrl_c_at_line(function, lineno) as fired:
+                if via == "next":
+                    next(it)
+                else:
+                    iter(loader)
+            fired_at += fired
+            again = iter(loader)  # the cell run again, while the step still reads
+            batches = [read(b) for b in again]
+            assert torch.equal(step.result(10), table[torch.zeros(16, dtype=torch.long)]), \
+                lineno
+            expected = [table[torch.full((16,), 8 * loader_epoch + i)]
+                        for loader_epoch in [_epoch_of(batches[0])] for i in range(8)]
+            assert all(torch.equal(b, e) for b, e in zip(batches, expected, strict=True)), \
+                lineno
+        assert wait_for_no_pingpong_threads(5.0) == [], lineno
+    assert len(fired_at) >= 3, fired_at
+
+
+def _epoch_of(rows: torch.Tensor) -> int:
+    """The source epoch whose first batch ``rows`` are (node ``8 e`` at step 0)."""
+    return int(rows[0, 0]) // 8 // 8
