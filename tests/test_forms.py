@@ -955,6 +955,38 @@ def test_graphbolt_minibatches_sampled_once_and_reused_every_epoch(labels):
         assert minibatch.labels is None
 
 
+class _MovesToMeta(FakeAsyncDevice):
+    """The fake device, moving each batch's graphs as the CUDA device does
+    (``graph.to(device)``), to a device the move is visible on afterwards."""
+
+    def move_graphs(self, graphs: list[Any]) -> list[Any]:
+        super().move_graphs(graphs)
+        return [graph.to(torch.device("meta")) for graph in graphs]
+
+
+def test_graphbolt_minibatches_reused_are_not_moved_in_place():
+    """From a self-review: GraphBolt's ``MiniBatch.to()`` (and its subgraphs')
+    moves in place, and pingpong copied the MiniBatch only after the move, so on a
+    GPU the source's own MiniBatches ended up holding GPU copies of their subgraphs
+    and seeds. pingpong now moves a copy of the whole structure."""
+    gb = _graphbolt()
+    sampled = list(_graphbolt_pipeline(gb, torch.arange(0, NUM_NODES, 2)))[:3]
+
+    def devices(minibatch: Any) -> set[str]:
+        found = {minibatch.seed_nodes.device.type, minibatch.input_nodes.device.type}
+        for subgraph in minibatch.sampled_subgraphs:
+            found |= {subgraph.sampled_csc.indices.device.type,
+                      subgraph.sampled_csc.indptr.device.type}
+        return found
+
+    with PingPongLoader(sampled, FEATURES, LABELS,
+                        device=_MovesToMeta(seed=1, max_delay_s=0.0)) as loader:
+        moved = [devices(minibatch) for minibatch in loader]
+    assert all("meta" in found for found in moved)  # what the loop got was moved
+    assert [devices(minibatch) for minibatch in sampled] == [{"cpu"}] * 3
+    assert all(not minibatch.node_features for minibatch in sampled)
+
+
 def test_graphbolt_workers_through_an_empty_fetch_stage():
     """The guide's way to keep gb.DataLoader's workers (DGL 2.1 starts them only before
     a fetch_feature stage): an empty fetch, accepted, every batch bit for bit."""

@@ -263,7 +263,9 @@ class ItemReader:
             label_ids,
             "MiniBatch.input_nodes",
             "MiniBatch seed nodes",
-            (minibatch,),
+            # a copy: GraphBolt's MiniBatch.to() moves in place, and the source's
+            # own object must stay as it was (see _graphbolt.fill)
+            (_graphbolt.copy_for_move(minibatch),),
             build,
         )
 

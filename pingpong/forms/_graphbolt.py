@@ -13,6 +13,7 @@ gather (``pingpong._ids`` reads them there).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 from typing import Any
 
@@ -130,6 +131,28 @@ def _stages(graph: dict[Any, Any]) -> list[Any]:
     return found
 
 
+def copy_for_move(value: Any) -> Any:
+    """A copy of ``value`` (a ``MiniBatch``) that moving it cannot change the
+    original through: GraphBolt's ``MiniBatch.to()`` -- and its sampled
+    subgraphs' and CSC formats' -- set the moved tensors on the object itself.
+    Dataclass objects, lists, tuples and dicts are copied, all the way down;
+    tensors (and anything else) are shared, never copied."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list):
+        return [copy_for_move(item) for item in value]
+    if type(value) is tuple:
+        return tuple(copy_for_move(item) for item in value)
+    if isinstance(value, dict):
+        return type(value)((key, copy_for_move(item)) for key, item in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        copied = copy.copy(value)
+        for name, item in vars(value).items():
+            object.__setattr__(copied, name, copy_for_move(item))
+        return copied
+    return value
+
+
 def check_unfetched(minibatch: Any) -> None:
     """Refuse a ``MiniBatch`` whose features were already fetched by the pipeline."""
     if minibatch.node_features:
@@ -151,16 +174,17 @@ def feature_name(key: str | None, heterogeneous: bool, ntype: str | None = None)
 
 
 def fill(minibatch: Any, x: Any, y: Any, heterogeneous: bool, labels_from_pingpong: bool) -> Any:
-    """A shallow copy of the (already moved) ``minibatch`` with the gathered rows.
+    """Put the gathered rows into the (already moved) ``minibatch``; return it.
 
-    The source's own object is left as it was: a source that yields the same
-    ``MiniBatch`` objects every pass (a list of them, an ``in_memory_cache``
-    stage) would otherwise hold slot views that later batches overwrite, and
-    be refused on its next pass as one that already has ``node_features``.
-    Heterogeneous labels keep the node types the minibatch has seeds of, as
-    GraphBolt's item-set labels do (no zero-row entries for the others).
+    ``minibatch`` is pingpong's copy of the source's (:func:`copy_for_move`,
+    made before the move: GraphBolt's ``MiniBatch.to()`` moves in place), so the source's own
+    object is left as it was: a source that yields the same ``MiniBatch``
+    objects every pass (a list of them, an ``in_memory_cache`` stage) would
+    otherwise hold slot views that later batches overwrite, and be refused on
+    its next pass as one that already has ``node_features``.  Heterogeneous
+    labels keep the node types the minibatch has seeds of, as GraphBolt's
+    item-set labels do (no zero-row entries for the others).
     """
-    minibatch = copy.copy(minibatch)
     if heterogeneous:
         features = {feature_name(None, True, ntype): rows for ntype, rows in x.items()}
     elif isinstance(x, dict):
