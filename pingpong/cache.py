@@ -156,7 +156,8 @@ def make_feature_cache(
         IdRangeError: a hot id outside the feature table.
         TableError: a hot id given twice.
 
-    ``hot_ids`` are checked in ``gather="device"`` too, where no cache is built.
+    Everything but the gather mode is checked in ``gather="device"`` too, where
+    no cache is built.
     """
     if (budget := integer(cache_bytes)) is None or budget < 0:
         raise ConfigError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
@@ -165,34 +166,29 @@ def make_feature_cache(
         if hot_ids is not None:
             raise ConfigError("hot_ids needs cache_bytes > 0 (the size of the cache)")
         return None
-    table = store.tables.get(None)
-    one_table = not (store.is_dict or store.heterogeneous) and isinstance(table, HostTable)
-    if device.gather_mode == "device":
-        if hot_ids is not None and one_table:
-            # the same refusals as where the cache runs: gather="auto" must not
-            # accept or refuse them depending on the GPU's free memory
-            assert isinstance(table, HostTable)
-            _checked_hot_ids(hot_ids, table,
-                             rows_within(cache_bytes, table.row_bytes, table.num_rows))
-        logger.info("pingpong: cache_bytes is not used: gather='device' holds every row on the GPU")
-        return None
-    if not device.supports_cache:
+    if device.gather_mode != "device" and not device.supports_cache:
         raise ConfigError(
             f"cache_bytes needs gather='zerocopy' on a CUDA device; this loader gathers "
             f"with {device.gather_mode!r}"
         )
-    if not one_table:
+    # The other checks run in gather="device" too (where no cache is built):
+    # gather="auto" must not accept or refuse the same arguments depending on the
+    # GPU's free memory (it picks "device" or "zerocopy" by it).
+    table = store.tables.get(None)
+    if store.is_dict or store.heterogeneous or not isinstance(table, HostTable):
         raise ConfigError(
             "cache_bytes supports one feature tensor; a dict of tables, a heterogeneous "
             "store or a row source cannot be cached (yet)"
         )
-    assert isinstance(table, HostTable)
     rows = rows_within(cache_bytes, table.row_bytes, table.num_rows)
     if rows == 0:
         raise ConfigError(
             f"cache_bytes={cache_bytes} holds no row of {table.row_bytes} bytes"
         )
     hot = None if hot_ids is None else _checked_hot_ids(hot_ids, table, rows)
+    if device.gather_mode == "device":
+        logger.info("pingpong: cache_bytes is not used: gather='device' holds every row on the GPU")
+        return None
     return FeatureCache(table, rows, hot)
 
 

@@ -242,23 +242,30 @@ class _DeviceModeFake(FakeAsyncDevice):
 
 
 @pytest.mark.parametrize(
-    ("hot_ids", "error", "match"),
+    ("features", "kwargs", "error", "match"),
     [
-        (torch.tensor([1, N]), IdRangeError, "outside"),
-        (torch.tensor([1, 1]), TableError, "distinct"),
-        (torch.tensor([1.5]), ConfigError, "1-D"),
-        (torch.tensor([], dtype=torch.int64), ConfigError, "hot_ids is empty"),
+        (None, {"hot_ids": torch.tensor([1, N])}, IdRangeError, "outside"),
+        (None, {"hot_ids": torch.tensor([1, 1])}, TableError, "distinct"),
+        (None, {"hot_ids": torch.tensor([1.5])}, ConfigError, "1-D"),
+        (None, {"hot_ids": torch.tensor([], dtype=torch.int64)}, ConfigError,
+         "hot_ids is empty"),
+        (None, {"cache_bytes": 15, "hot_ids": torch.tensor([10**9])}, ConfigError,
+         "holds no row of 16 bytes"),
+        ({"a": torch.randn(N, 4)}, {}, ConfigError, "one feature tensor"),
     ],
 )
-def test_bad_hot_ids_are_refused_where_no_cache_is_built_too(hot_ids, error, match):
+def test_bad_cache_arguments_are_refused_where_no_cache_is_built_too(
+        features, kwargs, error, match):
     """From a code review: with ``gather="device"`` the cache is skipped, and so were
-    the checks of ``hot_ids`` -- so ``gather="auto"`` on a GPU accepted or refused the
-    same arguments depending on its free memory."""
-    device = _DeviceModeFake(seed=1, max_delay_s=0.001)
-    with pytest.raises(error, match=match):
-        PingPongLoader(_skewed_triples(3), torch.randn(N, 4), device=device,
-                       cache_bytes=64, hot_ids=hot_ids)
-    assert device.closed
+    the checks of its arguments -- so ``gather="auto"`` on a GPU accepted or refused
+    the same arguments depending on its free memory. Each case is refused on a device
+    with a cache too (the fake one)."""
+    for device in (_DeviceModeFake(seed=1, max_delay_s=0.001), _fake()):
+        with pytest.raises(error, match=match):
+            PingPongLoader(_skewed_triples(3),
+                           torch.randn(N, 4) if features is None else features,
+                           device=device, **{"cache_bytes": 64, **kwargs})
+        assert device.closed
     good = PingPongLoader(_skewed_triples(3), torch.randn(N, 4),
                           device=_DeviceModeFake(seed=1, max_delay_s=0.001),
                           cache_bytes=64, hot_ids=torch.tensor([3, 1]))
