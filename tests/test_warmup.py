@@ -490,6 +490,17 @@ def test_interpreter_exit_waits_for_a_stuck_warm_up_only_a_bounded_time():
     assert _warmup.EXIT_JOIN_S <= took < _warmup.EXIT_JOIN_S + 15  # + a fresh interpreter
 
 
+def test_the_cuda_modes_id_check_warm_up_compiles_both_id_dtypes():
+    """The part of the zerocopy/device warm-up that runs on the CPU (the GPU test
+    below checks that those modes run it)."""
+    from pingpong.devices.cuda._modes import _warm_up_id_checks
+
+    expected = [(numba.typeof(np.empty(1, dtype)),) for dtype in cpu_kernels.WARM_UP_ID_DTYPES]
+    assert _warm_up_id_checks(lambda: False) == expected
+    assert all(dtype in _checks._bounds_ready for dtype in cpu_kernels.WARM_UP_ID_DTYPES)
+    assert _warm_up_id_checks(lambda: True) == []
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("gather", ["zerocopy", "device"])
@@ -502,7 +513,7 @@ def test_cuda_kernel_modes_warm_up_the_host_id_check_too(gather):
     with pingpong.PingPongLoader(batches, features, device="cuda", gather=gather) as loader:
         warm_up = loader._device._mode.warm_up  # type: ignore[attr-defined]
         assert warm_up is not None
-        warm_up.stop(60)  # joins
+        assert warm_up.done.wait(60)  # finished on its own (stop() would cut it short)
         assert warm_up.error is None
         id_dtypes = cpu_kernels.WARM_UP_ID_DTYPES
         expected = [(numba.typeof(np.empty(1, dtype)),) for dtype in id_dtypes]
