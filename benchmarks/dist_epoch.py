@@ -501,12 +501,13 @@ def stall_text(summary: list[dict[str, Any]]) -> str:
 
 
 def turns_text(zero: dict[str, Any]) -> str:
-    """Whether the trainer's threads took turns, from the cores its process kept busy in
-    a pingpong epoch (``zero``): "mostly took turns" only under ``TURNS_CORES``."""
+    """Whether the trainer's threads ran side by side, from the cores its process kept
+    busy in a pingpong epoch (``zero``): "mostly did not" only under ``TURNS_CORES``."""
     busy = zero["pingpong_cpu_s"] / zero["pingpong_s"]
     if busy < TURNS_CORES:
         return (f"; at {busy:.2f} cores busy (under {TURNS_CORES:g}) the trainer's two threads "
-                "mostly took turns rather than running side by side.")
+                "mostly did not run side by side (taking turns, or both waiting: the split "
+                "between the two is not measured here).")
     return (f"; at {busy:.2f} cores busy ({TURNS_CORES:g} or more) the process's threads ran "
             "side by side for part of the epoch.")
 

@@ -281,7 +281,8 @@ def summarize(report: dict[str, Any]) -> list[dict[str, Any]]:
             "warm_up_errors": sorted({w["error"] for r in runs for w in r["warm_ups"]
                                       if w["error"]}),
             "test_acc": statistics.median(r["test_acc"] for r in runs),
-            "other_max": max((r["other_processes_cores"] or 0.0) for r in runs),
+            "other_max": None if any(r["other_processes_cores"] is None for r in runs)
+            else max(r["other_processes_cores"] for r in runs),
         })
     order = {name: i for i, name in enumerate(CONTENDERS)}
     rows.sort(key=lambda r: (order.get(r["contender"], 99), r["cache"]))
@@ -322,14 +323,17 @@ def render_markdown(report: dict[str, Any]) -> str:
               "-" if r["later_epoch_s"] is None else r["later_epoch_s"],
               "-" if r.get("stall_s") is None else r["stall_s"],
               "-" if r["warm_up_s"] is None else r["warm_up_s"], f"{r['test_acc']:.4f}",
-              f"{r['other_max']:.2f}"] for r in rows]), "",
+              "?" if r["other_max"] is None else f"{r['other_max']:.2f}"] for r in rows]), "",
     ]
     goal = [r for r in rows if r["contender"] == "pingpong" and r["vs_plain_first"] is not None]
     if goal:
         lines += ["## Goal", ""]
-        other = max(r["other_max"] for r in rows)
+        loads = [r["other_max"] for r in rows]
+        other = None if None in loads else max(loads)
         for r in goal:
-            if other > JUDGE_MAX_OTHER_CORES:
+            if other is None:
+                met = "not judged (other processes' CPU was not measured in every run)"
+            elif other > JUDGE_MAX_OTHER_CORES:
                 met = (f"not judged (other processes used up to {other:.2f} cores during a "
                        f"run; judged only up to {JUDGE_MAX_OTHER_CORES})")
             else:

@@ -48,10 +48,12 @@ class LeasedBatch:
         return self
 
     def _replace(self, **fields: Any) -> Any:
-        """The named tuple's ``_replace``, keeping the slot lease: the new batch's
-        ``x`` and ``y`` are still the slot's views (unless replaced), so
-        :meth:`record_stream` on it must still wait for the batch and hold the
-        slot."""
+        """The named tuple's ``_replace``, keeping the slot lease whatever is
+        replaced: the new batch's ``x`` and ``y`` may still be the slot's views,
+        so :meth:`record_stream` on it waits for the batch and holds the slot
+        (and raises :class:`~pingpong.errors.BatchExpiredError` once the slot was
+        handed back).  A batch whose ``x`` and ``y`` own their memory:
+        :meth:`clone`."""
         replaced = super()._replace(**fields)  # type: ignore[misc]
         replaced._lease = self._lease
         return replaced
