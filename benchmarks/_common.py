@@ -201,12 +201,36 @@ def machine_info() -> dict[str, Any]:
         "pingpong": _version("pingpong"),
         "git_commit": _git_commit(),
         "date_utc": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "thread_env": thread_env(),
     }
 
 
+#: Environment variables that change how thread pools wait or how many threads
+#: they start -- and so what a timing measures.
+THREAD_ENV_VARS = (
+    "OMP_WAIT_POLICY",
+    "GOMP_SPINCOUNT",
+    "KMP_BLOCKTIME",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "NUMBA_THREADING_LAYER",
+)
+
+
+def thread_env() -> dict[str, str]:
+    """The :data:`THREAD_ENV_VARS` set in this process's environment."""
+    return {name: os.environ[name] for name in THREAD_ENV_VARS if name in os.environ}
+
+
 def command_line() -> str:
-    """The command that is running, as one could retype it."""
-    return "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
+    """The command that is running, as one could retype it.
+
+    Prefixed with the :func:`thread_env` settings it ran under, so a rerun
+    gets the same thread pools.
+    """
+    env = "".join(f"{k}={shlex.quote(v)} " for k, v in thread_env().items())
+    return env + "python " + " ".join(shlex.quote(arg) for arg in sys.argv)
 
 
 def describe_machine(info: Mapping[str, Any]) -> str:
@@ -228,7 +252,11 @@ def describe_machine(info: Mapping[str, Any]) -> str:
     if info.get("git_commit"):
         parts.append(f"commit {info['git_commit']}")
     parts.append(info["date_utc"])
-    return "; ".join(parts) + "."
+    text = "; ".join(parts) + "."
+    if info.get("thread_env"):
+        settings = ", ".join(f"{k}={v}" for k, v in info["thread_env"].items())
+        text += f" Thread settings from the environment: {settings}."
+    return text
 
 
 # --------------------------------------------------------------------------- timing
