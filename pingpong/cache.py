@@ -193,8 +193,9 @@ def make_feature_cache(
 
 
 def _checked_hot_ids(hot_ids: Any, table: HostTable, rows: int) -> np.ndarray:
-    """The first ``rows`` of ``hot_ids`` as int64, checked: 1-D integers, not empty,
-    each within the table and each once (the errors of :func:`make_feature_cache`)."""
+    """The first ``rows`` (at least 1) of ``hot_ids`` as int64, checked: 1-D integers,
+    not empty, each within the table and each once (the errors of
+    :func:`make_feature_cache`)."""
     if isinstance(hot_ids, torch.Tensor):
         hot_ids = hot_ids.detach().cpu().numpy()
     hot = np.asarray(hot_ids)
@@ -205,7 +206,7 @@ def _checked_hot_ids(hot_ids: Any, table: HostTable, rows: int) -> np.ndarray:
             "hot_ids is empty: it would cache nothing; leave it out to cache the "
             "rows the first epoch gathers most")
     hot = hot[:rows]
-    if hot.size and hot.dtype.kind == "u" and int(hot.max()) > np.iinfo(np.int64).max:
+    if hot.dtype.kind == "u" and int(hot.max()) > np.iinfo(np.int64).max:
         raise IdRangeError(
             f"hot id {int(hot.max())} is outside the table's {table.num_rows} rows")
     hot = hot.astype(np.int64)
