@@ -32,7 +32,7 @@ from test_reliability_lifecycle import producer_threads, wait_until
 from test_usage_patterns import CountingCPUDevice
 
 import pingpong
-from pingpong import PingPongLoader, _rpc, rowsource
+from pingpong import PingPongLoader, _lifecycle, _rpc, rowsource
 
 N = 400
 
@@ -189,15 +189,29 @@ def test_a_failing_fetch_reaches_the_training_loop_with_its_own_exception():
 
 
 def test_a_stuck_fetch_honours_timeout_and_close_does_not_wait_for_it():
+    """The fetch stays stuck (up to 30 s) through the timeout and the close: each
+    returns within its bound, and the producer leaves once the fetch returns."""
     source = Rows(make_table(N, (2,)))
-    with PingPongLoader(seq_triples(N, 5), source, timeout=0.5) as loader:
+    triples = seq_triples(N, 5)
+    loader = PingPongLoader(triples, source, timeout=0.5)
+    try:
         it = iter(loader)
-        next(it)
+        assert torch.equal(next(it).x, source._table[triples[0][0]])
         source.gate = threading.Event()  # the next fetches hang
+        start = time.monotonic()
         with pytest.raises(pingpong.BatchTimeoutError):
             for _ in range(5):
                 next(it)
-        source.gate.set()
+        assert time.monotonic() - start < 0.5 + 1.5
+        start = time.monotonic()
+        loader.close()  # the fetch is still stuck
+        assert time.monotonic() - start < _lifecycle.JOIN_TIMEOUT_S + 1.5
+        assert producer_threads()  # ... inside the source, which close() did not wait for
+    finally:
+        if source.gate is not None:
+            source.gate.set()
+        loader.close()
+    assert wait_until(lambda: not producer_threads(), 10.0)
 
 
 def test_conjugated_rows_from_a_source_arrive_as_their_values():
