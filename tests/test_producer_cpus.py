@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,24 +27,36 @@ N = 200
 
 
 class AffinityLoggingSource:
-    """Yields ``triples``; records, per pass, the affinity of the thread iterating it
-    (pingpong's producer) and that thread's id."""
+    """Yields ``triples``; records, per pass, the id of the thread iterating it
+    (pingpong's producer) and every affinity it saw there: in ``iter()`` itself
+    (where a DataLoader starts its workers), of a thread started in ``iter()``
+    (which inherits it, as those workers do), and at every step."""
 
     def __init__(self, triples: list[Any]) -> None:
         self.triples = triples
-        self.seen: list[tuple[int, set[int]]] = []
+        self.seen: list[tuple[int, set[frozenset[int]]]] = []
 
-    def __iter__(self):
-        self.seen.append((threading.get_native_id(), os.sched_getaffinity(0)))
-        yield from self.triples
+    def __iter__(self) -> Iterator[Any]:
+        affinities = {frozenset(os.sched_getaffinity(0))}
+        worker = threading.Thread(
+            target=lambda: affinities.add(frozenset(os.sched_getaffinity(0))))
+        worker.start()
+        worker.join()
+        self.seen.append((threading.get_native_id(), affinities))
+        return self._steps(affinities)
+
+    def _steps(self, affinities: set[frozenset[int]]) -> Iterator[Any]:
+        for triple in self.triples:
+            affinities.add(frozenset(os.sched_getaffinity(0)))
+            yield triple
 
 
-def the_other_cpus() -> set[int]:
+def the_other_cpus() -> frozenset[int]:
     """Every CPU this process may use but one (a proper subset), or skip."""
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
         pytest.skip("needs two CPUs")
-    return allowed - {min(allowed)}
+    return frozenset(allowed - {min(allowed)})
 
 
 @linux_only
@@ -60,7 +73,7 @@ def test_every_epochs_producer_runs_on_the_cpus_given_and_the_training_thread_is
                 assert torch.equal(batch.x, features[inputs])
                 assert torch.equal(batch.y, labels[outputs])
                 assert os.sched_getaffinity(0) == mine
-    assert [aff for _, aff in source.seen] == [cpus, cpus]
+    assert [aff for _, aff in source.seen] == [{cpus}, {cpus}]  # from iter(source) on
     assert source.seen[0][0] != source.seen[1][0]  # one producer thread per epoch
     assert threading.get_native_id() not in {tid for tid, _ in source.seen}
     assert not wait_for_no_pingpong_threads()
@@ -83,7 +96,7 @@ def test_without_it_the_producer_inherits_the_affinity_of_the_thread_starting_th
     thread.start()
     thread.join(60)
     assert result == [2]
-    assert source.seen[0][1] == cpus  # what producer_cpus exists to avoid
+    assert source.seen[0][1] == {cpus}  # what producer_cpus exists to avoid
     assert os.sched_getaffinity(0) == mine
 
 
