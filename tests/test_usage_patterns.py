@@ -262,9 +262,15 @@ def test_superseded_iterators_leave_the_builtin_loaders_epochs_as_the_plain_loop
     for _ in range(10):
         with PingPongLoader(sampler_loader(), features) as loader:
             _first = iter(loader)
-            for batch, (inputs, outputs, _blocks) in zip(loader, second_pass, strict=True):
+            for batch, (inputs, outputs, blocks) in zip(loader, second_pass, strict=True):
                 assert torch.equal(batch.input_nodes, inputs)
                 assert torch.equal(batch.output_nodes, outputs)
+                assert len(batch.blocks) == len(blocks)
+                for got, want in zip(batch.blocks, blocks, strict=True):
+                    assert (got.num_src_nodes, got.num_dst_nodes) == (
+                        want.num_src_nodes, want.num_dst_nodes)
+                    assert torch.equal(got.src, want.src)
+                    assert torch.equal(got.dst, want.dst)
                 assert torch.equal(batch.x, features[inputs])  # before the slot is reused
 
 
