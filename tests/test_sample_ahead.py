@@ -189,6 +189,8 @@ def test_a_shuffled_dgl_loader_with_sample_ahead_delivers_each_batch_exactly(dgl
             for batch in loader:
                 assert torch.equal(batch.x, features[batch.input_nodes])
                 assert torch.equal(batch.y, labels[batch.output_nodes])
-                assert batch.blocks[0].num_src_nodes() == len(batch.input_nodes)
+                # the blocks are this batch's own: their node ids are its ids
+                assert torch.equal(batch.blocks[0].srcdata[dgl.NID], batch.input_nodes)
+                assert torch.equal(batch.blocks[-1].dstdata[dgl.NID], batch.output_nodes)
                 seeds.append(batch.output_nodes.clone())
             assert torch.equal(torch.cat(seeds).sort().values, torch.arange(500))
