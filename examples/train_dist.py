@@ -189,10 +189,12 @@ def partition_synthetic(spec: GraphSpec, part_dir: Path, num_parts: int = 2,
                         log: Callable[[str], None] = print) -> Path:
     """Partition the synthetic graph into ``part_dir``; return the partition config.
 
-    Reused when ``part_dir`` already holds a partition of the same spec.
-    Besides DGL's files it writes ``pingpong-graph.json`` (the spec) and
-    ``orig_nid.pt`` (``orig_nid[new_id]`` = the node's id in the original
-    graph: DGL renumbers the nodes so that each partition's are contiguous).
+    Reused when ``part_dir`` already holds a partition of the same spec;
+    otherwise the previous partition's config is deleted, since the new one
+    overwrites the ``part*/`` files it names. Besides DGL's files it writes
+    ``pingpong-graph.json`` (the spec) and ``orig_nid.pt`` (``orig_nid[new_id]``
+    = the node's id in the original graph: DGL renumbers the nodes so that each
+    partition's are contiguous).
     """
     import dgl
 
@@ -205,6 +207,10 @@ def partition_synthetic(spec: GraphSpec, part_dir: Path, num_parts: int = 2,
         if meta.get("spec") == want and config.exists():
             log(f"reusing the partition in {part_dir}")
             return config
+        # The new partition overwrites part*/ under the same names: the old config
+        # would name another graph's files (and --partition-only printed its path).
+        config.unlink(missing_ok=True)
+        meta_path.unlink()
     t0 = time.perf_counter()
     sg = make_synthetic_graph(num_nodes=spec.num_nodes, num_classes=spec.num_classes,
                               feat_dim=spec.feat_dim, avg_degree=spec.avg_degree,

@@ -628,6 +628,11 @@ def dgl_has_tensorpipe() -> bool:
     """The example's answer (``train_dist.dgl_has_tensorpipe``): whether this DGL has
     the tensorpipe RPC backend. Loads the example as a module (harmless in this
     process: what it runs at import acts only in a DGL sampler process)."""
+    return bool(train_dist_module().dgl_has_tensorpipe())
+
+
+def train_dist_module() -> Any:
+    """examples/train_dist.py as a module, loaded once."""
     example = sys.modules.get("train_dist")
     if example is None:
         spec = importlib.util.spec_from_file_location("train_dist", EXAMPLE)
@@ -635,7 +640,28 @@ def dgl_has_tensorpipe() -> bool:
         assert spec.loader is not None
         example = sys.modules["train_dist"] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(example)
-    return bool(example.dgl_has_tensorpipe())
+    return example
+
+
+# DGL's partition_graph reads /proc/self/status without closing it.
+@pytest.mark.filterwarnings("ignore::ResourceWarning",
+                            "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_partitioning_again_with_other_flags_leaves_no_stale_config(tmp_path: Path) -> None:
+    """``--part-dir`` reused with other graph flags: the new partition overwrites
+    ``part0/``, ``part1/``, so the old config (whose path ``--partition-only``
+    printed) must go rather than name another graph's files."""
+    reason = distdgl_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    td = train_dist_module()
+    first = td.partition_synthetic(td.GraphSpec(num_nodes=400), tmp_path, 2, log=lambda s: None)
+    assert td.partition_synthetic(td.GraphSpec(num_nodes=400), tmp_path, 2,
+                                  log=lambda s: None) == first  # the same flags: reused
+    second = td.partition_synthetic(td.GraphSpec(num_nodes=500, num_classes=8), tmp_path, 2,
+                                    log=lambda s: None)
+    assert second != first
+    assert sorted(tmp_path.glob("*.json")) == sorted([second, tmp_path / td.GRAPH_META])
+    assert json.loads(second.read_text())["num_nodes"] == 500
 
 
 @pytest.mark.parametrize("mode", ["equal", "server-kill"])
