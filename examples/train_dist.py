@@ -156,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="partition into --part-dir and exit (for a real cluster)")
     # the local launch
     p.add_argument("--log-dir", type=Path, default=None,
-                   help="keep the servers' logs here (default: shown only on failure)")
+                   help="keep the servers' logs here, made if missing (default: shown only "
+                        "on failure)")
     p.add_argument("--job-timeout", type=non_negative_float, default=0.0,
                    help="stop everything after this many seconds (0: no limit); each "
                         "process still running first writes its Python stacks")
@@ -1083,6 +1084,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     check_json_target(parser, args.json)
     check_device_flags(parser, args)
+    if args.log_dir is not None:  # like --part-dir: made if missing, before partitioning
+        try:
+            args.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"--log-dir {args.log_dir}: {exc.strerror or exc}")
     return launcher_main(args, argv)
 
 

@@ -739,10 +739,12 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
     if (reason := distdgl_unavailable()) is not None:
         pytest.skip(reason)
     pid_file, result = tmp_path / "pids.json", tmp_path / "result.json"
+    log_dir = tmp_path / "logs" / loader  # not there yet: the launcher makes it
     try:
         returncode, stdout, stderr = run_in_own_session(
             [sys.executable, str(EXAMPLE), "--loader", loader, *SMALL, "--json", str(result),
-             "--pid-file", str(pid_file), "--job-timeout", "120"],  # a hang shows its stacks
+             "--pid-file", str(pid_file), "--job-timeout", "120",  # a hang shows its stacks
+             "--log-dir", str(log_dir)],
             timeout=JOB_LIMIT_S, cwd=tmp_path)
         assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     finally:
@@ -756,6 +758,7 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
     assert report["test_acc"] > 0.4  # 4 classes: chance is 0.25
     assert "Epoch 01 | Time(s)" in stdout
     assert "Test Acc" in stdout
+    assert all((log_dir / f"server-{i}.log").stat().st_size > 0 for i in range(2))
 
 
 def test_example_job_timeout_shows_where_each_process_was(tmp_path: Path) -> None:
