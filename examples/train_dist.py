@@ -944,7 +944,10 @@ def leave_process_group(rank: int) -> None:
     import torch.distributed as dist
 
     def note(what: str) -> None:
-        print(f"trainer {rank}: {what}", file=sys.stderr, flush=True)
+        # one write per line: print() writes the text and the newline separately,
+        # and another process writing to the same stream lands between them
+        sys.stderr.write(f"trainer {rank}: {what}\n")
+        sys.stderr.flush()
 
     note("training done; gloo barrier")
     dist.barrier()
