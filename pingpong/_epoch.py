@@ -501,7 +501,18 @@ class Epoch:
             return  # the producer's own finaliser, or a thread that never started
         if not self.stop.is_set():
             self.stop.set()  # ended by end(), unless a Ctrl-C landed inside it
-        if not self.producer_alive():
+        if not self.thread.is_alive():
+            return
+        if self.producer_exited.is_set():
+            # Past its mark, the thread still tears down: Thread.run drops the
+            # source, device and queues it was given (their last references,
+            # maybe), then its thread state.  Joined all the same: a process that
+            # exits right after (a DDP rank after its last epoch) would otherwise
+            # finalise under it, and a producer that takes the GIL back inside C++
+            # then is ended there -- the process aborts ("terminate called without
+            # an active exception").  A niced producer on a busy machine can take
+            # long to get the CPU back for it.
+            self.thread.join(join_s)
             return
         with self.write_lock:
             pass  # a fill in flight finishes; the producer re-checks `stop` before the next

@@ -43,6 +43,7 @@ import pingpong.devices.cpu as cpu_device_module
 import pingpong.kernels._warmup as warmup_module
 from pingpong import PingPongLoader
 from pingpong._epoch_states import EpochState
+from pingpong._threads import run_marking_exit
 from pingpong.devices.fake import FakeAsyncDevice
 from pingpong.slots import Lease
 
@@ -129,6 +130,43 @@ def test_early_exit(how, keep_reference, device_kind):
             after_create, [t.name for t in threading.enumerate()])
     assert wait_until(lambda: threading.active_count() == baseline, 2.0), (
         baseline, [t.name for t in threading.enumerate()])
+
+
+def test_the_end_of_an_epoch_waits_for_the_producers_teardown():
+    """An epoch that runs to its end joins its producer before the loop's ``for``
+    ends, even when the producer has already marked its exit: the thread's own
+    teardown (``Thread.run`` dropping the source, device and queues it was given,
+    then its thread state) comes after the mark.  A process that exits right
+    after its last epoch (a DDP rank) otherwise finalises with that thread still
+    running, and one that takes the GIL back inside C++ then is ended there: the
+    process aborts ("terminate called without an active exception").  Here the
+    teardown is slowed by a profile hook on the producer's return from
+    ``run_marking_exit`` -- after its mark -- and the end of the epoch is asked
+    for only once the producer is there.
+    """
+    triples = seq_triples(N, 5)
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    marked = threading.Event()
+
+    def slow_teardown(frame: Any, event: str, arg: Any) -> None:
+        if event == "return" and frame.f_code is run_marking_exit.__code__:
+            marked.set()
+            time.sleep(1.0)  # past the mark, within retire's 2 s join
+
+    threading.setprofile(slow_teardown)
+    try:
+        with PingPongLoader(SeqSource(triples, shuffle=False), features, labels,
+                            device="cpu") as loader:
+            it = iter(loader)
+            (producer,) = producer_threads()
+            for _ in triples:
+                next(it)
+            assert marked.wait(5.0)  # the producer queued the end and marked its exit
+            with pytest.raises(StopIteration):
+                next(it)
+            assert not producer.is_alive()
+    finally:
+        threading.setprofile(None)
 
 
 def test_dropping_an_iterator_in_a_reference_cycle():
