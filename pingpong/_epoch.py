@@ -503,30 +503,27 @@ class Epoch:
             self.stop.set()  # ended by end(), unless a Ctrl-C landed inside it
         if not self.thread.is_alive():
             return
-        if self.producer_exited.is_set():
-            # Past its mark, the thread still tears down: Thread.run drops the
-            # source, device and queues it was given (their last references,
-            # maybe), then its thread state.  Joined all the same: a process that
-            # exits right after (a DDP rank after its last epoch) would otherwise
-            # finalise under it, and a producer that takes the GIL back inside C++
-            # then is ended there -- the process aborts ("terminate called without
-            # an active exception").  A niced producer on a busy machine can take
-            # long to get the CPU back for it.
-            self.thread.join(join_s)
-            return
-        with self.write_lock:
-            pass  # a fill in flight finishes; the producer re-checks `stop` before the next
-        if not self.producer_exited.wait(join_s):
-            log = logger.warning if join_s >= join_timeout() else logger.debug
-            log(
-                "%s is still blocked inside the source after %.1f s; it will write "
-                "nothing more and exits when the source returns",
-                self.thread.name,
-                join_s,
-            )
-            return
-        # Past its mark: only the thread's own teardown is left, and a join that a
-        # Ctrl-C interrupts there marks nothing wrong.
+        if not self.producer_exited.is_set():
+            with self.write_lock:
+                pass  # a fill in flight finishes; the producer re-checks `stop` before the next
+            if not self.producer_exited.wait(join_s):
+                log = logger.warning if join_s >= join_timeout() else logger.debug
+                log(
+                    "%s is still blocked inside the source after %.1f s; it will write "
+                    "nothing more and exits when the source returns",
+                    self.thread.name,
+                    join_s,
+                )
+                return
+        # Past its mark, the thread still tears down: Thread.run drops the source,
+        # device and queues it was given (their last references, maybe), then its
+        # thread state.  Joined all the same, whether it marked its exit before this
+        # call or during it: a process that exits right after (a DDP rank after its
+        # last epoch) would otherwise finalise under it, and a producer that takes
+        # the GIL back inside C++ then is ended there -- the process aborts
+        # ("terminate called without an active exception").  A niced producer on a
+        # busy machine can take long to get the CPU back for it.  A join that a
+        # Ctrl-C interrupts here marks nothing wrong.
         self.thread.join(join_s)
 
 
