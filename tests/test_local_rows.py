@@ -117,11 +117,12 @@ def check_two_epochs(loader: PingPongLoader, features: torch.Tensor, labels: tor
         for batch in loader:
             verifier.submit(batch)
     verifier.resolve()
-    assert (verifier.checked, verifier.corrupted) == (24, 0)
+    assert (verifier.checked, verifier.corrupted) == (2 * len(triples), 0)
     assert x_source.local_ids_asked() == y_source.local_ids_asked() == 0
     local_x, remote_x = split_counts(triples, BOUNDS[1], BOUNDS[2], 2)
     local_y, remote_y = split_counts([(t[1],) for t in triples], BOUNDS[1], BOUNDS[2], 2)
     assert sum(len(ids) for ids in x_source.asked) == remote_x
+    assert sum(len(ids) for ids in y_source.asked) == remote_y
     assert loader.stats["rows_read_in_place"] == local_x + local_y > 0
     assert loader.stats["rows_fetched"] == remote_x + remote_y > 0
 
