@@ -720,12 +720,11 @@ class UsagePatterns(RuleBasedStateMachine):
 
     @invariant()
     def producers_only_of_running_epochs(self) -> None:
-        # superseded, closed and failed epochs were retired: their producers left
-        # (a finished epoch's may still be leaving; dropped iterators' producers
-        # stop too, but asynchronously)
+        # finished, superseded, closed and failed epochs were retired: their
+        # producers were joined (dropped iterators' producers stop too, but
+        # asynchronously)
         producers = [t for t in threading.enumerate() if t.name.startswith("pingpong-producer")]
-        may_run = {entry["thread"] for entry in self.iterators
-                   if entry["state"] in ("running", "done")}
+        may_run = {entry["thread"] for entry in self.iterators if entry["state"] == "running"}
         strays = [t.name for t in producers
                   if t not in may_run and t not in self.dropped_producers]
         assert strays == [], [(e["state"], e["thread"].name) for e in self.iterators]
