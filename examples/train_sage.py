@@ -48,6 +48,7 @@ import contextlib
 import datetime
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -159,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shm-dir", type=Path, default=None,
                    help="under torchrun: where the ranks of a machine share the feature and "
                         f"label tables (default {SHM_DIR}; a tmpfs)")
-    # Test hooks: per-step digests of everything the training step reads (under
-    # torchrun also a .meta.json per rank), and a crash of one rank while the
-    # shared-table file exists.
+    # Test hooks: per-step digests of everything the training step reads and a
+    # .meta.json per rank (output nodes, weights, each batch checked against the
+    # rank's tables; under torchrun also what it saw of the shared tables), and
+    # a crash of one rank while the shared-table file exists.
     p.add_argument("--dump-batches", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--test-crash-rank", type=non_negative_int, default=None,
                    help=argparse.SUPPRESS)
@@ -382,6 +384,87 @@ def batch_digest(batch: Any) -> str:
     return h.hexdigest()
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype, shape and bytes (NaN-safe: a NaN equals the same NaN)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a = a.detach().to("cpu").contiguous().reshape(-1)
+    b = b.detach().to("cpu").contiguous().reshape(-1)
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def _dgl_ids(block: Any, side: str) -> torch.Tensor | None:
+    """A DGL block's original node ids (``srcdata``/``dstdata[dgl.NID]``); None for others."""
+    dgl = sys.modules.get("dgl")  # a DGL block means DGL is imported; never import it here
+    if dgl is None or not isinstance(block, dgl.DGLGraph):
+        return None
+    frame = block.srcdata if side == "src" else block.dstdata
+    return frame.get(dgl.NID)
+
+
+class BatchCheck:
+    """Test hook (``--dump-batches``): each training batch against the rank's own tables.
+
+    What the synchronous loop reads for the batch's sampled ids in this
+    process: ``x`` must be ``features.index_select(0, input_nodes)`` and ``y``
+    ``labels.index_select(0, output_nodes)``, bit for bit, from the tables the
+    loader gathers from (under ``--nprocs``/torchrun the shared ones); the
+    blocks must fit the ids: one per layer, chained (each layer's destination
+    nodes are the next one's source nodes), the first with
+    ``len(input_nodes)`` source nodes and the last with ``len(output_nodes)``
+    destination nodes, which are a prefix of the input nodes (the local-id
+    convention); for DGL blocks also the first block's ``srcdata[dgl.NID]``
+    equals ``input_nodes`` and the last one's ``dstdata[dgl.NID]``
+    ``output_nodes`` (:class:`~pingpong.blocks.EdgeBlock` has no node ids).
+    Reads only: no random numbers, no writes.
+    """
+
+    KEEP = 10  # differing steps listed in the report
+
+    def __init__(self, features: torch.Tensor, labels: torch.Tensor, num_layers: int) -> None:
+        self.features = features
+        self.labels = labels
+        self.num_layers = num_layers
+        self.checked = 0
+        self.differing = 0
+        self.first: list[dict[str, Any]] = []
+
+    def blocks_fit(self, input_nodes: torch.Tensor, output_nodes: torch.Tensor,
+                   blocks: list[Any]) -> bool:
+        if len(blocks) != self.num_layers:
+            return False
+        edges = [as_edge_block(b) for b in blocks]
+        if (edges[0].num_src_nodes != len(input_nodes)
+                or edges[-1].num_dst_nodes != len(output_nodes)
+                or any(a.num_dst_nodes != b.num_src_nodes
+                       for a, b in itertools.pairwise(edges))
+                or not same_bits(input_nodes[:len(output_nodes)], output_nodes)):
+            return False
+        src, dst = _dgl_ids(blocks[0], "src"), _dgl_ids(blocks[-1], "dst")
+        return ((src is None or same_bits(src, input_nodes))
+                and (dst is None or same_bits(dst, output_nodes)))
+
+    def __call__(self, epoch: int, step: int, batch: Any) -> None:
+        input_nodes = batch.input_nodes.detach().to("cpu")
+        output_nodes = batch.output_nodes.detach().to("cpu")
+        wrong = []
+        if not same_bits(batch.x, self.features.index_select(0, input_nodes)):
+            wrong.append("x")
+        if not same_bits(batch.y, self.labels.index_select(0, output_nodes)):
+            wrong.append("y")
+        if not self.blocks_fit(input_nodes, output_nodes, list(batch.blocks)):
+            wrong.append("blocks")
+        self.checked += 1
+        if wrong:
+            self.differing += 1
+            if len(self.first) < self.KEEP:
+                self.first.append({"epoch": epoch, "step": step, "differs": wrong})
+
+    def summary(self) -> dict[str, Any]:
+        return {"batches_checked": self.checked, "batches_differing": self.differing,
+                "first_differing": self.first}
+
+
 def progress(iterable: Iterable[Any], total: int, desc: str, mode: str) -> Iterable[Any]:
     """A progress bar on stderr for long epochs (tqdm if installed, else a plain one).
 
@@ -483,7 +566,8 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
     """Train and evaluate; with several ranks, rank 0 prints, evaluates and reports.
 
     ``report`` (with ``--dump-batches``): filled with every step's output node
-    ids, per epoch, and a digest of the trained weights.
+    ids, per epoch, digests of every step's gradients and weights and of the
+    trained weights, and what :class:`BatchCheck` found (``batch_check``).
     """
     ranks = ranks or Rank()
     log = print if ranks.leader else _quiet
@@ -521,6 +605,9 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
     outputs: list[list[list[int]]] = []
     step_sha256: list[list[str]] = []  # per step: [gradients, weights after the step]
     record_steps = report is not None and args.dump_batches is not None
+    # Against the tables the loaders were built on (data's, as they are now).
+    check = (BatchCheck(data.features, data.labels, len(args.fanouts))
+             if args.dump_batches is not None else None)
     val_acc = 0.0
     try:
         for epoch in range(args.epochs):
@@ -530,8 +617,9 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
             steps = progress(train_loader, len(train_loader), f"epoch {epoch}", args.progress)
             outputs.append([])
             for step, batch in enumerate(steps):
-                if args.dump_batches is not None:
+                if check is not None:
                     digests.append(batch_digest(batch))
+                    check(epoch, step, batch)
                     if report is not None:
                         outputs[-1].append(batch.output_nodes.tolist())
                 with autocast(args, device):
@@ -564,7 +652,8 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
             ranks.barrier(device)  # the others wait while rank 0 evaluates
         if report is not None and args.dump_batches is not None:
             report.update(output_nodes=outputs, params_sha256=params_digest(model),
-                          step_sha256=step_sha256)
+                          step_sha256=step_sha256,
+                          batch_check=check.summary() if check is not None else None)
         test_acc = evaluate(model, test_loader, args, device) if test_loader is not None else 0.0
         log(f"Test Acc: {test_acc:.4f}", flush=True)
         stats = dict(train_loader.stats)
@@ -621,6 +710,13 @@ def rank_dump_path(path: Path, ranks: Rank) -> Path:
     return path.with_name(f"{path.stem}.rank{ranks.rank}{path.suffix}")
 
 
+def write_rank_report(args: argparse.Namespace, ranks: Rank, report: dict[str, Any]) -> None:
+    """``--dump-batches``: this rank's ``report`` next to its digests, as ``<stem>.meta.json``."""
+    dump = rank_dump_path(args.dump_batches, ranks)
+    report.update(rank=ranks.rank, world_size=ranks.world_size)
+    dump.with_name(f"{dump.stem}.meta.json").write_text(json.dumps(report))
+
+
 def run_rank(rank: int, world_size: int, args: argparse.Namespace, data: Dataset,
              init_file: str) -> None:
     """One ``--nprocs`` rank (started by ``torch.multiprocessing.spawn``)."""
@@ -638,7 +734,10 @@ def run_rank(rank: int, world_size: int, args: argparse.Namespace, data: Dataset
         rank=rank, world_size=world_size, timeout=datetime.timedelta(minutes=30))
     ranks = Rank(rank, world_size)
     try:
-        result = train(args, data, device, ranks)
+        report: dict[str, Any] | None = {} if args.dump_batches is not None else None
+        result = train(args, data, device, ranks, report)
+        if report is not None:
+            write_rank_report(args, ranks, report)
         if rank == 0 and args.json is not None:
             args.json.write_text(json.dumps(result, indent=2))
         ranks.barrier(device)  # leave together (rank 0 evaluated the test set alone)
@@ -946,11 +1045,9 @@ def run_torchrun(args: argparse.Namespace, launch: Launch) -> int:
         report: dict[str, Any] = {}
         result = train(args, data, device, ranks, report)
         if args.dump_batches is not None:
-            report.update(rank=launch.rank, world_size=launch.world_size,
-                          local_rank=launch.local_rank, node=launch.node,
+            report.update(local_rank=launch.local_rank, node=launch.node,
                           table=probe_shared_tables(data, sharing, ranks, device))
-            meta = rank_dump_path(args.dump_batches, ranks)
-            meta.with_name(f"{meta.stem}.meta.json").write_text(json.dumps(report))
+            write_rank_report(args, ranks, report)
         if ranks.leader and args.json is not None:
             args.json.write_text(json.dumps(result, indent=2))
         ranks.barrier(device)  # leave together (rank 0 evaluated the test set alone)
@@ -1036,7 +1133,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.nprocs > 1:
         train_data_parallel(args, data)
         return 0
-    result = train(args, data, device)
+    report: dict[str, Any] | None = {} if args.dump_batches is not None else None
+    result = train(args, data, device, report=report)
+    if report is not None:
+        write_rank_report(args, Rank(), report)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

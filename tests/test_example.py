@@ -44,6 +44,21 @@ def run_example(tmp_path: Path, name: str, *args: str, timeout: float = 120,
 PINGPONG_ONLY_STATS = {"validate_s", "consumer_stall_s", "overlap_ratio", "slot_bytes"}
 
 
+def assert_every_batch_checked(dump: Path, world_size: int, batches: int) -> None:
+    """Each rank of a ``--dump-batches`` run checked every batch it trained on, and none
+    differed: ``x`` bit for bit ``features[input_nodes]`` and ``y``
+    ``labels[output_nodes]`` of the rank's (shared) tables, blocks that fit the ids
+    (DGL blocks: their ``dgl.NID``) -- the script's ``BatchCheck``, in its
+    ``.meta.json`` per rank."""
+    for rank in range(world_size):
+        stem = dump.stem if world_size == 1 else f"{dump.stem}.rank{rank}"
+        meta = json.loads(dump.with_name(f"{stem}.meta.json").read_text())
+        assert (meta["rank"], meta["world_size"]) == (rank, world_size)
+        assert sum(len(epoch) for epoch in meta["output_nodes"]) == batches
+        assert meta["batch_check"] == {"batches_checked": batches, "batches_differing": 0,
+                                       "first_differing": []}, f"rank {rank}"
+
+
 def dumped_run(tmp_path_factory: pytest.TempPathFactory,
                loader: str) -> tuple[dict[str, Any], str, Path]:
     tmp = tmp_path_factory.mktemp(loader)
@@ -108,6 +123,8 @@ def test_pingpong_sees_the_same_batches_as_the_plain_loop(
     digests, plain_digests = json.loads(dump.read_text()), json.loads(plain_dump.read_text())
     assert len(digests) == len(plain_digests) == ours["stats"]["batches"]
     assert digests == plain_digests
+    for dumped in (plain_dump, dump):
+        assert_every_batch_checked(dumped, 1, len(digests))
     assert ours["losses"] == plain["losses"]
     assert ours["test_acc"] == plain["test_acc"]
 
@@ -160,6 +177,7 @@ def test_two_ddp_ranks_see_the_same_batches_through_pingpong_and_the_plain_loop(
         # 1,200 training nodes split over two ranks: 600 seeds, 10 batches of 64 per epoch.
         assert [len(r) for r in ranks] == [30, 30]
         assert not set(ranks[0]) & set(ranks[1])  # the ranks trained on different batches
+        assert_every_batch_checked(dump, 2, 30)
     (plain, plain_ranks), (ours, our_ranks) = runs["dgl"], runs["pingpong"]
     assert our_ranks == plain_ranks
     assert ours["losses"] == plain["losses"]
@@ -170,14 +188,23 @@ def test_two_ddp_ranks_see_the_same_batches_through_pingpong_and_the_plain_loop(
 @pytest.mark.dgl
 @pytest.mark.skipif(not HAVE_DGL, reason="DGL is not installed")
 def test_two_ddp_ranks_with_dgls_sampler(tmp_path: Path) -> None:
-    """--nprocs 2 with DGL's DataLoader(use_ddp=True), the default sampler when DGL is here."""
+    """--nprocs 2 with DGL's DataLoader(use_ddp=True), the default sampler when DGL is here.
+
+    DGL's batches do not repeat from run to run, so there is no reference run to
+    compare with: each rank checked every batch it trained on against the shared
+    tables (``--dump-batches``).
+    """
     args = [a for a in TINY if a not in ("--sampler", "builtin")]
+    dump = tmp_path / "dgl-ddp-batches.json"
     result, stdout = run_example(tmp_path, "dgl-ddp", *args, "--sampler", "dgl",
-                                 "--nprocs", "2", "--epochs", "2", timeout=240)
+                                 "--nprocs", "2", "--epochs", "2", "--dump-batches", str(dump),
+                                 timeout=240)
     assert "sampler dgl" in stdout
     assert (result["world_size"], result["sampler"]) == (2, "dgl")
     assert len(result["losses"]) == 2 * 10  # rank 0: 600 of 1,200 seeds, batches of 64
     assert result["test_acc"] > CHANCE + 0.2
+    # DDP: every rank takes rank 0's number of steps.
+    assert_every_batch_checked(dump, 2, len(result["losses"]))
 
 
 # --------------------------------------------------------------------------- CLI errors

@@ -5,13 +5,22 @@ node (``--nnodes N --node-rank i --nproc-per-node M``, static rendezvous at
 ``127.0.0.1`` on a free port), here all on localhost, gloo on the CPU. The
 script runs with its test hook ``--dump-batches``: every rank writes the
 digest of every batch it trained on (ids, gathered features and labels,
-blocks) and a ``.meta.json`` with the output nodes of each batch, a digest of
-its trained weights and, after training, what it saw of the shared tables.
+blocks) and a ``.meta.json`` with the output nodes of each batch, digests of
+its weights, what its own check of every batch found and, after training,
+what it saw of the shared tables.
 The checks:
 
 - every batch on every rank equals the synchronous reference bit for bit:
   ``BuiltinLoader(num_replicas=W, rank=r)`` over the same data, gathered with
   ``index_select`` (the plain loop's :class:`SyncLoader`), computed here;
+- with DGL's sampler, whose batches do not repeat from run to run (no
+  reference can be computed here), and with the built-in one too: each rank
+  compared every batch it trained on with what the plain loop reads for the
+  same ids in that rank's process -- ``x`` with ``features[input_nodes]`` and
+  ``y`` with ``labels[output_nodes]`` of the (shared) table, bit for bit, and
+  the blocks with the ids (DGL blocks' ``dgl.NID``) -- and found no
+  difference in any of the ``EPOCHS * ceil(ceil(n / W) / batch size)``
+  batches;
 - the ranks' shares cover each epoch as ``DistributedSampler``-style
   sharding says (one padded seed: 1,203 training nodes over two ranks);
 - after training all ranks hold bit-identical weights;
@@ -45,11 +54,12 @@ SHM = Path("/dev/shm")
 HAVE_DGL = importlib.util.find_spec("dgl") is not None
 EPOCHS = 2
 WORLD_SIZE = 2
+BATCH_SIZE = 64
 # 4,010 nodes: 1,203 training nodes (odd, so one seed is padded in), 602 per rank,
 # 10 batches of 64 per rank and epoch.
 ARGS = ["--sampler", "builtin", "--num-nodes", "4010", "--num-classes", "4",
-        "--avg-degree", "10", "--fanouts", "5,5", "--batch-size", "64", "--hidden", "32",
-        "--epochs", str(EPOCHS), "--lr", "0.01", "--log-every", "10",
+        "--avg-degree", "10", "--fanouts", "5,5", "--batch-size", str(BATCH_SIZE),
+        "--hidden", "32", "--epochs", str(EPOCHS), "--lr", "0.01", "--log-every", "10",
         "--eval-batch-size", "512"]
 CHANCE = 1 / 4
 
@@ -153,6 +163,22 @@ def check_job(reports: list[dict[str, Any]], reference: dict[str, Any]) -> None:
             share = [node for batch in epoch for node in batch]
             assert len(share) == len(set(share))
     check_shares_and_weights(reports, reference["train_idx"])
+    check_every_batch_against_the_table(reports, len(reference["train_idx"]))
+
+
+def check_every_batch_against_the_table(reports: list[dict[str, Any]], n_train: int) -> None:
+    """Each rank checked every batch it trained on against its own tables; none differed.
+
+    ``--dump-batches``' check (``BatchCheck``): ``x`` bit for bit
+    ``features[input_nodes]``, ``y`` ``labels[output_nodes]`` of the rank's
+    (shared) tables, blocks that fit the ids. Every rank takes
+    ``ceil(ceil(n / W) / batch size)`` steps an epoch.
+    """
+    batches = EPOCHS * math.ceil(math.ceil(n_train / WORLD_SIZE) / BATCH_SIZE)
+    for report in reports:
+        assert sum(len(epoch) for epoch in report["output_nodes"]) == batches
+        assert report["batch_check"] == {"batches_checked": batches, "batches_differing": 0,
+                                         "first_differing": []}, f"rank {report['rank']}"
 
 
 def check_shares_and_weights(reports: list[dict[str, Any]], train_idx: list[int]) -> None:
@@ -247,7 +273,9 @@ def test_dgl_sampler_on_a_graph_file_with_two_ranks_sharing_one_table(
     """DGL's ``DataLoader(use_ddp=True)`` (the default sampler with DGL) on a graph file.
 
     DGL's sampling does not repeat from run to run, so there is no reference
-    to compare batches with; the shares, weights and the shared table are checked.
+    to compute here: each rank checked every batch against its shared table
+    (features, labels, the blocks' ``dgl.NID``); the shares, weights and the
+    shared table are checked as for the built-in sampler.
     """
     import dgl
 
@@ -261,6 +289,7 @@ def test_dgl_sampler_on_a_graph_file_with_two_ranks_sharing_one_table(
     assert json.loads((tmp_path / "node0.json").read_text())["test_acc"] > CHANCE + 0.3
     reports = read_ranks(tmp_path)
     check_shares_and_weights(reports, reference["train_idx"])
+    check_every_batch_against_the_table(reports, len(reference["train_idx"]))
     check_one_shared_table(reports, port)
 
 
