@@ -58,13 +58,24 @@ def test_word_view_picks_widest_aligned_word():
     ids=str,
 )
 def test_out_of_range_ids_raise_before_any_write(bad):
+    """The bad id alone at every position (first, second, middle, last: the bounds pass
+    once skipped ``ids[1]`` unnoticed), then before a second bad id: the first is named."""
     table = random_table(10, 4, np.int32)
-    ids = np.array([0, 1, *bad], dtype=np.int64)
-    out = np.full((3, 4), 77, np.int32)
-    with pytest.raises(IndexError, match=r"ids\[2\] = .* N = 10") as info:
-        gather_rows_cpu(table, ids, out)
-    assert isinstance(info.value, pingpong.IdRangeError)
-    assert (out == 77).all()  # untouched
+    (value,) = bad
+    cases = []
+    for pos in range(6):
+        ids = np.array([0, 1, 9, 4, 2, 3], dtype=np.int64)
+        ids[pos] = value
+        cases.append((pos, ids))
+    two_bad = cases[2][1].copy()
+    two_bad[4] = -7 if value >= 10 else 11  # a later bad id of the other kind
+    cases.append((2, two_bad))
+    for pos, ids in cases:
+        out = np.full((6, 4), 77, np.int32)
+        with pytest.raises(IndexError, match=rf"ids\[{pos}\] = {value} .* N = 10") as info:
+            gather_rows_cpu(table, ids, out)
+        assert isinstance(info.value, pingpong.IdRangeError)
+        assert (out == 77).all(), ids  # untouched
 
 
 @pytest.mark.parametrize(
@@ -89,12 +100,24 @@ def test_bad_shapes_and_layouts():
     ids = np.array([1, 2])
     with pytest.raises(ValueError, match="expected"):
         gather_rows_cpu(table, ids, np.empty((3, 4), np.int32))
+    with pytest.raises(TableError, match="expected"):  # rows wider than the table's
+        gather_rows_cpu(table, ids, np.empty((2, 8), np.int32))
     with pytest.raises(ValueError, match="dtype"):
         gather_rows_cpu(table, ids, np.empty((2, 4), np.float32))
     with pytest.raises(ValueError, match="2-D"):
         gather_rows_cpu(table.reshape(-1), ids, np.empty((2, 4), np.int32))
-    with pytest.raises(ValueError, match="contiguous"):
-        gather_rows_cpu(np.asfortranarray(table), ids, np.empty((2, 4), np.int32))
+    # TableError, not NumPy's ValueError from the word view ("... must be contiguous"),
+    # and strided arrays whose rows the word view would accept
+    for strided_table, strided_out in (
+        (np.asfortranarray(table), np.empty((2, 4), np.int32)),
+        (random_table(20, 4, np.int32)[::2], np.empty((2, 4), np.int32)),
+        (table, np.empty((4, 4), np.int32)[::2]),
+        (table, np.empty((2, 8), np.int32)[:, ::2]),
+    ):
+        strided_out.fill(77)
+        with pytest.raises(TableError, match="C-contiguous"):
+            gather_rows_cpu(strided_table, ids, strided_out)
+        assert (strided_out == 77).all()
     readonly = np.empty((2, 4), np.int32)
     readonly.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
