@@ -557,6 +557,27 @@ def test_out_of_range_ids_raise_before_launch(ids_on: str, no_gather_launch: Non
         assert_all_sentinel(out)
 
 
+def test_device_id_check_sees_a_bad_id_anywhere_in_a_batch_longer_than_its_grid(
+    no_gather_launch: None,
+) -> None:
+    """The min/max reduction's grid-stride loop: a batch over twice the grid, one bad id
+    at each boundary (first, a thread's first and second stride, last). A reduction that
+    skipped a thread's first id, a stride, or the last id passed the shorter batches."""
+    grid = kc.DEFAULT_THREADS_PER_BLOCK * kc.default_max_blocks(kc.DEFAULT_THREADS_PER_BLOCK)
+    n = 2 * grid + 3
+    valid = (np.arange(n) % N).astype(np.int64)
+    kc.check_ids_in_range(cuda.to_device(valid), N)
+    table = cuda.to_device(np.ones((N, 2), np.float32))
+    for pos in (0, 1, grid - 1, grid, grid + 1, 2 * grid - 1, 2 * grid, n - 1):
+        for bad in (-1, N):
+            ids = valid.copy()
+            ids[pos] = bad
+            out = sentinel_out(n, 2, np.float32)
+            with pytest.raises(IdRangeError, match=rf"ids\[{pos}\] = {bad} .*N = {N}"):
+                kc.gather_rows_cuda(table, cuda.to_device(ids), out)
+            assert_all_sentinel(out)
+
+
 @pytest.mark.parametrize(
     ("ids", "error"),
     [
