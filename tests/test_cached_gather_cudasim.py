@@ -3,7 +3,9 @@
 Every output is compared bit for bit with ``table[ids]``: every dtype, odd row
 widths, 0%, part and 100% of the rows cached, duplicates, an empty batch, the
 sorted-scatter composition (``positions``), and a hit count checked against a
-count by hand. Bad arguments raise before any launch and leave ``out`` as it was.
+count by hand. Bad arguments (a bad hit counter and a strided cache included)
+raise before any launch and leave ``out`` as it was; a cache off the word
+boundary narrows the launch's word.
 """
 
 from __future__ import annotations
@@ -215,3 +217,66 @@ def test_without_a_hit_counter_nothing_but_out_is_written():
     assert _same_bytes(out.copy_to_host(), table[ids])
     assert np.array_equal(device_ids.copy_to_host(), ids)
     assert np.array_equal(device_slots.copy_to_host(), slot_of)
+
+
+class _NoLaunch:
+    """Stands in for the kernel: configuring a launch fails the test."""
+
+    def __getitem__(self, config: object) -> object:
+        raise AssertionError(f"kernel launched with {config} despite invalid input")
+
+
+def test_a_bad_hit_counter_or_a_strided_cache_raises_before_any_launch(monkeypatch):
+    """The hit counter must be int64 of shape (1,) and the cache C-contiguous (a
+    row-strided cache was served as if it were, a 2-element or int32 counter taken)."""
+    monkeypatch.setattr(cached, "_cached_gather_kernel", _NoLaunch())
+    table = _table(10, 4, np.float32)
+    cache, slot_of = _cache_of(table, np.array([3, 4]))
+    strided = cuda.to_device(np.repeat(cache, 2, axis=0))[::2]  # cache's rows, every other
+    cases = [
+        ("int32 hits", cuda.to_device(cache), np.zeros(1, np.int32), "hits"),
+        ("two hits", cuda.to_device(cache), np.zeros(2, np.int64), "hits"),
+        ("0-D hits", cuda.to_device(cache), np.zeros((), np.int64), "hits"),
+        ("strided cache", strided, None, "C-contiguous"),
+    ]
+    for name, device_cache, host_hits, needle in cases:
+        out = cuda.to_device(_out(table, 3))
+        hits = None if host_hits is None else cuda.to_device(host_hits)
+        with pytest.raises(errors.TableError, match=needle):
+            cached.gather_rows_cached(
+                cuda.to_device(table), device_cache, cuda.to_device(slot_of),
+                cuda.to_device(np.array([1, 3, 9])), out, hits=hits, **SMALL,
+            )
+        assert (out.copy_to_host().view(np.uint8) == SENTINEL).all(), name
+        if hits is not None:
+            assert not hits.copy_to_host().any(), name
+
+
+def test_a_cache_off_the_word_boundary_narrows_the_word(monkeypatch):
+    """The word divides the cache's address too, not only the table's and out's. The
+    simulator reads misaligned words anyway (a GPU does not), so besides the rows the
+    launch's word is checked: 4 bytes would suit the table and out, the cache needs 2."""
+    table = _table(12, 6, np.int16, seed=9)  # 12-byte rows
+    hot = np.array([7, 2, 11])
+    rows = np.ascontiguousarray(table[hot])
+    raw = cuda.device_array(rows.nbytes + 256, np.uint8)
+    start = (2 - kc._address(raw)) % kc.SEGMENT_BYTES
+    cache = raw[start : start + rows.nbytes]
+    cache.copy_to_device(rows.reshape(-1).view(np.uint8))
+    cache = cache.view(np.int16).reshape(rows.shape)
+    assert kc._address(cache) % 4 == 2
+    ids = np.array([2, 0, 11, 7, 5, 2])
+    device_table, out = cuda.to_device(table), cuda.to_device(_out(table, len(ids)))
+    assert kc.plan_gather(device_table, out, len(ids)).word_bytes == 4
+    words = []
+
+    def recording_launch(kernel, blocks, threads, stream, *args):
+        words.append(tuple(np.dtype(args[i].dtype).itemsize for i in (0, 1, 3)))
+        real_launch(kernel, blocks, threads, stream, *args)
+
+    real_launch = cached._launch
+    monkeypatch.setattr(cached, "_launch", recording_launch)
+    cached.gather_rows_cached(device_table, cache, cuda.to_device(hotrows.build_slot_map(12, hot)),
+                              cuda.to_device(ids), out, **SMALL)
+    assert words == [(2, 2, 2)]
+    assert _same_bytes(out.copy_to_host(), table[ids])
