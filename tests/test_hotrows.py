@@ -1,4 +1,5 @@
-"""Counting gathered ids and choosing hot rows, checked against counts done by hand."""
+"""Counting gathered ids, choosing hot rows and mapping them to cache slots, checked
+against counts and maps done by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from pingpong.errors import ConfigError, IdRangeError, IdShapeError, IdTypeError, PingPongError
+from pingpong.errors import (
+    ConfigError,
+    IdRangeError,
+    IdShapeError,
+    IdTypeError,
+    PingPongError,
+    TableError,
+)
 from pingpong.hotrows import RowCounter, build_slot_map, hit_rate, rows_within
 
 
@@ -59,6 +67,9 @@ def test_hottest_matches_a_sort_by_hand() -> None:
         (torch.tensor([1.0, 2.0]), IdTypeError),
         (torch.tensor([[1, 2]]), IdShapeError),
         ([1, 2], IdTypeError),
+        (torch.tensor([1, 2], dtype=torch.int16), IdTypeError),
+        (torch.tensor([1, 2], dtype=torch.uint8), IdTypeError),
+        (torch.tensor([True, False]), IdTypeError),
     ],
 )
 def test_bad_ids_are_refused_before_anything_is_counted(ids, error) -> None:
@@ -95,6 +106,37 @@ def test_hit_rate_equals_a_count_by_hand() -> None:
     # bad hot ids are refused also when nothing was gathered (it returned 0.0)
     with pytest.raises(IdRangeError, match="id -5 is outside the table's 500 rows"):
         hit_rate(torch.tensor([-5, 499]), torch.zeros(500, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["numpy", "torch"])
+def test_build_slot_map_puts_each_hot_row_in_its_slot(as_tensor) -> None:
+    """``slot_of[hot_ids[i]] == i``, -1 elsewhere: a cache filled with ``table[hot_ids]``
+    then serves every cached row bit for bit (hot ids unsorted, as ``hottest`` gives)."""
+    rng = np.random.default_rng(0)
+    table = rng.integers(0, 256, (50, 12), dtype=np.uint8)
+    hot = rng.permutation(50)[:17]
+    slot_of = build_slot_map(50, torch.from_numpy(hot) if as_tensor else hot)
+    by_hand = np.full(50, -1, np.int32)
+    for slot, row in enumerate(hot.tolist()):
+        by_hand[row] = slot
+    assert slot_of.dtype == np.int32
+    assert np.array_equal(slot_of, by_hand)
+    cache = table[hot]
+    cached_rows = np.flatnonzero(slot_of >= 0)
+    assert np.array_equal(np.sort(cached_rows), np.sort(hot))
+    assert np.array_equal(cache[slot_of[cached_rows]], table[cached_rows])
+    assert np.array_equal(build_slot_map(3, np.zeros(0, np.int64)), [-1, -1, -1])
+
+
+@pytest.mark.parametrize(("hot_ids", "error", "needle"), [
+    (np.array([1, 6]), IdRangeError, "hot id 6 is outside the table's 6 rows"),
+    (np.array([-1, 2]), IdRangeError, "hot id -1 is outside"),
+    (np.array([4, 1, 4]), TableError, "distinct"),
+])
+def test_build_slot_map_refuses_ids_outside_the_table_and_duplicates(hot_ids, error,
+                                                                     needle) -> None:
+    with pytest.raises(error, match=needle):
+        build_slot_map(6, hot_ids)
 
 
 @pytest.mark.parametrize(("hot_ids", "error", "needle"), [
