@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import same_bits
 from test_reliability import N, make_table, seq_triples
 
 import pingpong
@@ -109,8 +110,9 @@ def test_a_dgl_rpc_client_means_turns_and_none_turns_them_off(monkeypatch):
 
 # --------------------------------------------------------------------------- rpc_turn
 class TurnWatch:
-    """A source whose steps (the producer, inside DGL's client) and the training thread's
-    ``rpc_turn`` blocks note each other: any overlap is recorded."""
+    """A source whose steps (the producer, inside DGL's client) -- and the fetches of
+    its :meth:`rows` -- and the training thread's ``rpc_turn`` blocks note each other:
+    any overlap is recorded."""
 
     def __init__(self, triples: list[Any], step_s: float) -> None:
         self.triples = triples
@@ -127,6 +129,10 @@ class TurnWatch:
             self.in_step = False
             yield item
 
+    def rows(self, table: torch.Tensor) -> WatchedRows:
+        """A row source over ``table`` whose fetches (DistTensor pulls) note overlaps too."""
+        return WatchedRows(self, table)
+
     def user_call(self, hold_s: float) -> None:
         """The training thread's own 'DGL call'."""
         self.in_turn = True
@@ -136,6 +142,25 @@ class TurnWatch:
         self.in_turn = False
 
 
+class WatchedRows:
+    """A row source whose fetches are DGL calls of the producer, watched by a TurnWatch."""
+
+    def __init__(self, watch: TurnWatch, table: torch.Tensor) -> None:
+        self.watch, self.table = watch, table
+        self.shape, self.dtype = table.shape, table.dtype
+        self.fetches = 0
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        watch = self.watch
+        watch.in_step = True
+        if watch.in_turn:
+            watch.overlaps.append("a row fetch began inside the training thread's turn")
+        time.sleep(watch.step_s)
+        self.fetches += 1
+        watch.in_step = False
+        return self.table[ids]
+
+
 @pytest.fixture
 def takes_turns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Loaders made now take turns, as they do in a process with a DGL RPC client."""
@@ -143,16 +168,51 @@ def takes_turns(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_training_threads_turn_and_the_producers_steps_never_overlap(takes_turns):
+    """Source steps and row-source fetches (a DistTensor pull) alike: each is the
+    producer's DGL call, taken in its turn."""
     triples = seq_triples(N, 30)
     features = make_table(N, (4,))
     source = TurnWatch(triples, step_s=0.003)
-    with pingpong.PingPongLoader(source, features, timeout=30) as loader:
+    rows = source.rows(features)
+    with pingpong.PingPongLoader(source, rows, timeout=30) as loader:
         for _ in range(2):
             for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
                 with pingpong.rpc_turn():
                     source.user_call(hold_s=0.004)
-                assert torch.equal(batch.x, features[inputs])
+                assert same_bits(batch.x, features[inputs])
+    assert rows.fetches == 2 * len(triples)
     assert source.overlaps == []
+
+
+class RestartsInDGL:
+    """A source whose ``iter()`` itself is a DGL call (DGL's ``DistDataLoader``
+    restarts its pass there): it notes whether the training thread had the turn."""
+
+    def __init__(self, triples: list[Any]) -> None:
+        self.triples = triples
+        self.in_turn = False
+        self.restarts_in_turn = 0
+        self.restarts = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        self.restarts += 1
+        self.restarts_in_turn += self.in_turn
+        return iter(self.triples)
+
+
+def test_the_producers_iter_of_the_source_waits_for_the_training_threads_turn(takes_turns):
+    triples = seq_triples(N, 3)
+    features = make_table(N, (4,))
+    source = RestartsInDGL(triples)
+    with pingpong.PingPongLoader(source, features, timeout=5) as loader:
+        with pingpong.rpc_turn():
+            source.in_turn = True
+            it = iter(loader)  # returns at once inside the turn; the producer waits
+            time.sleep(0.3)  # the producer's iter(source) would run now, were it not waiting
+            source.in_turn = False
+        assert [same_bits(b.x, features[t[0]]) for b, t in zip(it, triples, strict=True)
+                ] == [True] * 3
+    assert (source.restarts, source.restarts_in_turn) == (1, 0)
 
 
 def test_next_inside_the_turn_raises_and_the_epoch_goes_on(takes_turns):
