@@ -348,9 +348,20 @@ def test_a_table_keyed_by_a_type_the_graph_lacks_is_refused(mag_like: Any, where
         PingPongLoader(source, features, labels or None, heterogeneous=True)
 
 
-def test_plain_ids_with_several_tables_are_refused() -> None:
-    features, _ = tables()
-    with PingPongLoader([(torch.arange(3), {}, None)], features, heterogeneous=True) as loader:
+@pytest.mark.parametrize("several", ["feature tables", "label tables"])
+def test_plain_ids_with_several_tables_are_refused(several: str) -> None:
+    """Plain ids are a type's only with one feature table and at most one label
+    table: with two label tables, plain ``output_nodes`` would gather both types'
+    labels at the same ids (the author labels at paper ids)."""
+    features, labels = tables()
+    item: tuple[Any, Any, None]
+    if several == "feature tables":
+        item, used_labels = (torch.arange(3), {}, None), None
+    else:
+        features = {"paper": features["paper"]}
+        used_labels = {**labels, "author": torch.arange(ROWS["author"]) * 3}
+        item = ({"paper": torch.arange(3)}, torch.arange(2), None)
+    with PingPongLoader([item], features, used_labels, heterogeneous=True) as loader:
         with pytest.raises(pingpong.IdTypeError, match="one feature table and at most"):
             list(loader)
 
