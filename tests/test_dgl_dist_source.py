@@ -61,6 +61,7 @@ def test_the_exclude_check_restarts_dgls_pass_once_and_warns_once():
     items = [edge_item([5, 6], [1, 5, 9]), edge_item([7], [7, 8])]
     loader = StandInDistLoader(items, exclude="self")
     source = DistLoaderSource(loader)
+    assert len(source) == loader.expected_idxs == 2  # DGL's own count of the pass's batches
     with pytest.warns(RuntimeWarning, match=r"exclude='self'.*hold 1 edges among its 2"):
         first = one_pass(source)
     assert loader.restarts == 1  # one pass, one restart (no second shuffle)
@@ -83,6 +84,19 @@ def test_no_warning_when_the_blocks_hold_no_seed_edge_or_no_exclude_was_asked():
         plain = DistLoaderSource(StandInDistLoader(leaky, exclude=None))
         assert one_pass(plain) == leaky
         assert plain.seed_edges_kept is None  # nothing asked, nothing checked
+
+
+def test_an_item_the_exclude_check_cannot_read_is_passed_on(caplog):
+    """The check reads ``(input_nodes, pair_graph, ..., blocks)``; an item of another
+    shape is logged and the pass goes on, every item as DGL gave it, nothing warned."""
+    odd = [("not", "an edge item"), ("nor", "this")]
+    source = DistLoaderSource(StandInDistLoader(odd, exclude="self"))
+    with warnings.catch_warnings(), caplog.at_level("INFO", logger="pingpong.forms._dgl_dist"):
+        warnings.simplefilter("error")
+        assert one_pass(source) == odd
+        assert one_pass(source) == odd
+    assert source.seed_edges_kept == -1  # checked, and could not tell
+    assert caplog.text.count("could not check DGL's exclude='self'") == 1
 
 
 def test_exclude_is_read_from_dgls_collator_only():
