@@ -127,6 +127,31 @@ def test_only_the_named_server_is_watched() -> None:
 
 
 @needs_tcp_info
+@pytest.mark.parametrize("closed", [0, 1], ids=["first", "second"])
+def test_every_connection_to_a_server_is_watched(closed: int) -> None:
+    """Two connections of this process to one server: the watch holds both, and the
+    loss of either one raises."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        served = [listener.accept()[0] for _ in clients]
+        try:
+            watch = ServerWatch.of_connections([Server("s", "127.0.0.1", port)])
+            try:
+                assert [s.label for s in watch.servers] == ["s", "s"]  # one per connection
+                watch.check()
+                served[closed].close()
+                assert f"s at 127.0.0.1:{port}" in str(wait_until_gone(watch))
+            finally:
+                watch.close()
+        finally:
+            for sock in (*clients, *served):
+                sock.close()
+
+
+@needs_tcp_info
 def test_a_server_without_a_connection_is_refused_by_name() -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
@@ -523,6 +548,30 @@ def test_a_source_failure_while_the_check_fails_becomes_the_checks_error(
         assert type(caught.value) is ConnectionResetError
         assert caught.value.__cause__ is None
         assert "raised in pingpong thread" in notes
+
+
+def test_a_source_failure_that_says_what_the_check_says_is_kept() -> None:
+    """DGL's guarded send raises the watch's own error inside the source: the loop
+    gets that error as it was, not the check's copy of it caused by it."""
+    dead = threading.Event()
+
+    class Source:
+        def __iter__(self) -> Iterator[Triple]:
+            yield triples(1)[0]
+            dead.set()
+            raise Dead("server 3 is gone")  # from inside a DGL send: the check's words
+
+    def check() -> None:
+        if dead.is_set() and on_a_producer_thread():
+            raise Dead("server 3 is gone")
+
+    with pingpong.PingPongLoader(Source(), torch.randn(50, 3), health_check=check) as loader:
+        with pytest.raises(Dead, match="server 3 is gone") as caught:
+            list(loader)
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert caught.value.__cause__ is None
+    assert "health check failed after" not in notes
+    assert "raised in pingpong thread" in notes
 
 
 @pytest.mark.parametrize("message", ["fixed", "changing"])
