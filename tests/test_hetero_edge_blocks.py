@@ -101,13 +101,31 @@ def test_a_bipartite_block_and_a_homogeneous_graph() -> None:
 
 
 def test_to_moves_every_type_and_keeps_the_counts() -> None:
-    block = pingpong.as_hetero_edge_block(_heterograph())
-    moved = block.to("meta")
-    assert moved.device.type == "meta"
-    assert block.device.type == "cpu"
-    assert all(b.src.device.type == b.dst.device.type == "meta" for b in moved.edges.values())
-    assert moved.num_src_nodes == block.num_src_nodes == SIZES
-    assert moved.canonical_etypes == block.canonical_etypes
+    """A graph, and a sampled block (whose source and destination counts differ: a
+    ``to`` that mixed them up passed with the graph alone)."""
+    graph = pingpong.as_hetero_edge_block(_heterograph())
+    source = dgl.dataloading.DataLoader(
+        _heterograph(), {"paper": torch.arange(16)}, dgl.dataloading.NeighborSampler([3]),
+        batch_size=16)
+    (_, _, (dgl_block,)), = list(source)
+    block = pingpong.as_hetero_edge_block(dgl_block)
+    assert block.num_src_nodes != block.num_dst_nodes
+    assert graph.num_src_nodes == graph.num_dst_nodes == SIZES
+    for original in (graph, block):
+        moved = original.to("meta")
+        assert moved.device.type == "meta"
+        assert original.device.type == "cpu"
+        assert all(b.src.device.type == b.dst.device.type == "meta"
+                   for b in moved.edges.values())
+        assert moved.num_src_nodes == original.num_src_nodes
+        assert moved.num_dst_nodes == original.num_dst_nodes
+        assert moved.canonical_etypes == original.canonical_etypes
+        for etype, edges in moved.edges.items():
+            kept = original.edges[etype]
+            assert (edges.num_edges, edges.num_src_nodes, edges.num_dst_nodes) == (
+                kept.num_edges, kept.num_src_nodes, kept.num_dst_nodes), etype
+        back = original.to("cpu")  # moved where it is: the same values
+        _same_structure(back, dgl_block if original is block else _heterograph())
 
 
 # -- whole loaders, delivered as on a GPU with a CPU-only DGL ---------------------------------
