@@ -348,6 +348,27 @@ def test_a_table_keyed_by_a_type_the_graph_lacks_is_refused(mag_like: Any, where
         PingPongLoader(source, features, labels or None, heterogeneous=True)
 
 
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+@pytest.mark.parametrize(("short", "seed_count"), [("paper", 40), ("author", 30)])
+def test_a_label_table_short_of_its_types_seeds_is_refused(mag_like: Any, short: str,
+                                                           seed_count: int) -> None:
+    """Each label table against the seeds of its own type, when the loader is built
+    (checked against another type's seeds, a short table passed to fail mid-epoch)."""
+    import dgl
+
+    seeds = {"paper": torch.arange(40), "author": torch.arange(30)}
+    labels = {"paper": torch.arange(ROWS["paper"]), "author": torch.arange(ROWS["author"])}
+    labels[short] = labels[short][: seed_count - 5]
+    source = dgl.dataloading.DataLoader(mag_like, seeds, dgl.dataloading.NeighborSampler([2]),
+                                        batch_size=16)
+    with pytest.raises(pingpong.TableError,
+                       match=rf"labels\['{short}'\] has {seed_count - 5} rows, but the "
+                             rf"loader's seed nodes of type '{short}' include id "
+                             rf"{seed_count - 1}"):
+        PingPongLoader(source, {"field": torch.randn(10, 2)}, labels, heterogeneous=True)
+
+
 @pytest.mark.parametrize("several", ["feature tables", "label tables"])
 def test_plain_ids_with_several_tables_are_refused(several: str) -> None:
     """Plain ids are a type's only with one feature table and at most one label
