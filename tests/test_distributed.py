@@ -55,6 +55,44 @@ def test_shards_are_equal_sized_and_cover_the_epoch(n: int, world: int, drop_las
         assert sum(c - 1 for c in counts.values()) == padding
 
 
+@given(n=st.integers(1, 60), world=st.integers(1, 7), drop_last=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_a_share_is_what_distributed_sampler_gives_the_rank(n: int, world: int,
+                                                            drop_last: bool, seed: int) -> None:
+    """Rank ``r`` takes positions ``r, r + W, ...`` of the padded (or cut) order, as
+    ``torch.utils.data.DistributedSampler`` does: not merely a share of the right
+    size (a contiguous block per rank would pass the test above)."""
+    from torch.utils.data import DistributedSampler
+
+    seeds = torch.randperm(n, generator=torch.Generator().manual_seed(seed)) * 10 + 7
+    for rank in range(world):
+        sampler: DistributedSampler[int] = DistributedSampler(
+            range(n), num_replicas=world, rank=rank,  # type: ignore[arg-type]  # a Sized
+            shuffle=False, drop_last=drop_last)
+        positions = list(sampler)
+        expected = seeds[torch.tensor(positions, dtype=torch.int64)]
+        assert torch.equal(shard_seeds(seeds, rank, world, drop_last), expected)
+
+
+def test_ranks_draw_their_own_neighbours_for_a_seed_they_share() -> None:
+    """A seed two ranks both train on (here the padding: one seed, two ranks) gets
+    each rank's own neighbour draw: the draws are keyed on the rank."""
+    hub, degree = 0, 50
+    others = torch.arange(1, degree + 1)
+    csr = pingpong.sources.CSRGraph.from_edges(
+        torch.cat([others, torch.full((degree,), hub)]),
+        torch.cat([torch.full((degree,), hub), others]), degree + 1)
+    draws = []
+    for rank in range(2):
+        loader = BuiltinLoader(csr, torch.tensor([hub]), NeighborSampler([3]), 1, seed=5,
+                               num_replicas=2, rank=rank)
+        [(input_nodes, output_nodes, _)] = list(loader)
+        assert output_nodes.tolist() == [hub]
+        assert len(input_nodes) == 1 + 3  # the seed, then its 3 drawn neighbours
+        draws.append(sorted(input_nodes[1:].tolist()))
+    assert draws[0] != draws[1]
+
+
 def test_shard_pads_a_tiny_epoch_by_repeating_it() -> None:
     seeds = torch.tensor([5, 9])
     assert [shard_seeds(seeds, r, 5, False).tolist() for r in range(5)] == [
