@@ -125,6 +125,44 @@ def test_on_a_device_standing_in_for_cuda_the_default_leaves_the_priority_alone(
 
 
 @linux_only
+def test_in_a_distdgl_client_the_default_leaves_the_priority_alone(monkeypatch):
+    """A loader in a DistDGL client process (servers share the cores) defaults to 0
+    even on the CPU, whose default is otherwise 10; an explicit value still applies."""
+    import pingpong.loader
+
+    monkeypatch.setattr(pingpong.loader, "has_dgl_client", lambda: True)
+    source = NiceLoggingSource()
+    features = make_table(N, (4,))
+    mine = nice_of_this_thread()
+    with PingPongLoader(source, features, device="cpu") as loader:
+        assert loader.producer_nice == 0
+        assert sum(1 for _ in loader) == len(source)
+        assert loader.stats["niced_epochs"] == 0
+    with PingPongLoader(source, features, device="cpu", producer_nice=2) as loader:
+        assert loader.producer_nice == 2
+        assert sum(1 for _ in loader) == len(source)
+    assert source.seen == [{mine}, {min(MAX_NICE, mine + 2)}]
+
+
+@linux_only
+def test_lower_this_thread_priority_returns_the_capped_value():
+    """Documented: the thread's nice value afterwards -- 19 from 15 + 10, not 25 (the
+    kernel caps what it sets; the returned value must say what it set)."""
+    got: list[Any] = []
+
+    def run() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                       max(15, nice_of_this_thread()))
+        got.append(lower_this_thread_priority(10))
+        got.append(nice_of_this_thread())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert got == [MAX_NICE, MAX_NICE]
+
+
+@linux_only
 def test_the_nice_value_is_capped_at_19():
     """Started from a thread already at nice 15, a producer asked for +10 ends at 19
     (the loader is made and iterated on that thread, whose nice its producer
