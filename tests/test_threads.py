@@ -1,11 +1,13 @@
-"""``join_within``: the exit hooks' wait for a group of threads against one deadline."""
+"""``pingpong._threads``: ``join_within`` (the exit hooks' wait for a group of threads
+against one deadline), the producer's exit latch, and ``current_thread_name``."""
 
 from __future__ import annotations
 
+import _thread
 import threading
 import time
 
-from pingpong._threads import Latch, ThreadExit, join_within, run_marking_exit
+from pingpong._threads import Latch, ThreadExit, current_thread_name, join_within, run_marking_exit
 
 
 def _blocked(release: threading.Event) -> threading.Thread:
@@ -60,3 +62,53 @@ def test_a_thread_exit_is_pending_from_its_start_until_its_mark() -> None:
     assert not mark.pending()
     never_started = ThreadExit.of(threading.Thread(target=print), Latch())
     assert not never_started.pending()
+
+
+def test_a_thread_whose_target_raises_still_marks_its_exit() -> None:
+    """``run_marking_exit`` sets the latch however the target ends (a producer that
+    raised must not leave a new pass waiting for it)."""
+    exited = Latch()
+    errors: list[BaseException] = []
+
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    def run() -> None:
+        try:
+            run_marking_exit(exited, boom)
+        except RuntimeError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(10)
+    assert exited.is_set()
+    assert [str(e) for e in errors] == ["boom"]  # and the error still propagates
+
+
+def test_a_latch_wait_returns_when_another_thread_sets_it() -> None:
+    """``wait`` blocks up to ``timeout`` for a set from another thread: True once
+    set (well before the timeout), False when the timeout passes unset."""
+    latch = Latch()
+    t0 = time.monotonic()
+    assert not latch.wait(0.2)
+    assert time.monotonic() - t0 >= 0.15  # it waited (timer granularity aside)
+    threading.Timer(0.1, latch.set).start()
+    t0 = time.monotonic()
+    assert latch.wait(10.0)
+    assert time.monotonic() - t0 < 5.0
+    assert latch.wait(0.0)  # stays set, and a second wait does not block
+
+
+def test_current_thread_name_is_none_for_a_thread_threading_does_not_list() -> None:
+    assert current_thread_name() == threading.current_thread().name
+    seen: list[object] = []
+    done = threading.Event()
+
+    def foreign() -> None:
+        seen.append(current_thread_name())
+        done.set()
+
+    _thread.start_new_thread(foreign, ())
+    assert done.wait(10)
+    assert seen == [None]  # current_thread() would have registered a _DummyThread
