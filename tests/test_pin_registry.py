@@ -61,3 +61,26 @@ def test_a_removed_range_holds_nothing() -> None:
     registry.remove(found)
     assert registry.holding(BASE + 8, 8) is None
     assert registry.by_ptr == {}
+
+
+def test_releasing_a_handle_twice_drops_one_share_only() -> None:
+    """``PinnedTable.release`` is idempotent: a second release of the same handle must
+    not take another loader's share (which would unregister memory still in use).
+    With two shares nothing reaches the driver, so no GPU is needed."""
+    from pingpong.kernels._interop import PinnedTable, _pin_lock, _registrations
+
+    memory = object()
+    with _pin_lock:
+        registration = _registrations.add(memory, BASE, SIZE)
+    registration.count = 2
+    try:
+        handle = PinnedTable(array=object(), registration=registration)
+        handle.release()
+        handle.release()
+        assert handle.array is None
+        assert registration.count == 1
+        with _pin_lock:
+            assert _registrations.holding(BASE, SIZE) is registration
+    finally:
+        with _pin_lock:
+            _registrations.remove(registration)
