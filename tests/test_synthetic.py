@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from pingpong import ConfigError
 from pingpong.sources import SyntheticGraph, make_synthetic_graph
 
 FIELDS = ("src", "dst", "features", "labels", "train_idx", "val_idx", "test_idx")
@@ -29,6 +30,9 @@ def test_deterministic_by_seed(graph: SyntheticGraph) -> None:
         assert torch.equal(getattr(graph, name), getattr(again, name)), name
     assert not torch.equal(graph.labels, other.labels)
     assert not torch.equal(graph.features, other.features)
+    assert not torch.equal(graph.src, other.src)
+    for name in ("train_idx", "val_idx", "test_idx"):  # the splits are drawn from it too
+        assert not torch.equal(getattr(graph, name), getattr(other, name)), name
 
 
 def test_shapes_and_dtypes(graph: SyntheticGraph) -> None:
@@ -39,6 +43,7 @@ def test_shapes_and_dtypes(graph: SyntheticGraph) -> None:
     assert graph.labels.dtype == torch.int64
     assert int(graph.labels.min()) >= 0
     assert int(graph.labels.max()) < graph.num_classes == 8
+    assert torch.equal(torch.unique(graph.labels), torch.arange(8))  # every class occurs
     assert graph.src.dtype == graph.dst.dtype == torch.int64
     assert 9 < graph.num_edges / n <= 12  # duplicates and self-loops cost a little
     splits = [graph.train_idx, graph.val_idx, graph.test_idx]
@@ -125,14 +130,19 @@ def test_numpy_integer_sizes_give_the_same_graph_of_python_ints() -> None:
         assert torch.equal(getattr(plain, name), getattr(numpy, name)), name
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(num_nodes=0), dict(num_classes=0), dict(feat_dim=-1), dict(avg_degree=-1.0),
-    dict(seed=-1), dict(feat_dtype=torch.int64), dict(homophily=1.5),
-    dict(power_law_exponent=1.5), dict(train_frac=0.9, val_frac=0.2),
-    dict(num_nodes=3, num_classes=4),
+@pytest.mark.parametrize(("kwargs", "names"), [
+    (dict(num_nodes=0), "num_nodes"), (dict(num_classes=0), "num_classes"),
+    (dict(feat_dim=-1), "feat_dim"), (dict(avg_degree=-1.0), "avg_degree"),
+    (dict(seed=-1), "seed"), (dict(feat_dtype=torch.int64), "feat_dtype"),
+    (dict(homophily=1.5), "homophily"), (dict(homophily=-0.1), "homophily"),
+    (dict(power_law_exponent=1.5), "power_law_exponent"),
+    (dict(train_frac=0.9, val_frac=0.2), "split fractions"),
+    (dict(train_frac=-0.1), "split fractions"), (dict(test_frac=-0.05), "split fractions"),
+    (dict(num_nodes=3, num_classes=4), "num_classes"),
 ])
-def test_validation(kwargs: dict) -> None:
-    with pytest.raises(ValueError):
+def test_validation(kwargs: dict, names: str) -> None:
+    """Each bad argument is refused with a ``ConfigError`` (a ``ValueError``) naming it."""
+    with pytest.raises(ConfigError, match=names):
         make_synthetic_graph(**kwargs)
 
 
