@@ -36,6 +36,22 @@ def _mappings_overlapping(start: int, end: int) -> list[str]:
     return found
 
 
+def _vm_flags(table: torch.Tensor, wanted: tuple[str, ...] = ("hg", "nh")) -> list[str]:
+    """The THP advice flags (``hg``/``nh``) of the mappings holding ``table``."""
+    start, end = table.data_ptr(), table.data_ptr() + table.numel() * table.element_size()
+    flags: list[str] = []
+    inside = False
+    with open("/proc/self/smaps") as lines:
+        for line in lines:
+            head = line.split(maxsplit=1)[0] if line.strip() else ""
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(part, 16) for part in head.split("-"))
+                inside = low < end and high > start
+            elif inside and line.startswith("VmFlags:"):
+                flags += [f for f in line.split()[1:] if f in wanted]
+    return sorted(set(flags))
+
+
 def _table_no_warning(*args, **kwargs) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("error", hp.HugePageWarning)
@@ -118,6 +134,8 @@ def test_normal_pages_are_not_advised():
     report = hp.page_report(table)
     assert not report.huge_advised
     assert report.anon_huge_bytes == 0  # MADV_NOHUGEPAGE: even where THP is "always"
+    # Where THP is "madvise" the line above holds without the advice: read it.
+    assert _vm_flags(table) == ["nh"]
     assert report.page_bytes == mmap.PAGESIZE
 
 
@@ -168,6 +186,8 @@ def test_hugetlb_without_a_pool_falls_back_to_thp(monkeypatch):
     table.fill_(3.0)
     assert float(table[255, 255]) == 3.0
     assert table.data_ptr() % hp.HUGE_PAGE_BYTES == 0
+    if THP_ON:  # the fallback is THP, advised: not a silent drop to normal pages
+        assert hp.page_report(table).huge_advised
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MAP_HUGETLB is Linux-only")
