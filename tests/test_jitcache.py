@@ -6,20 +6,26 @@ leaves Numba no cache location; with ``cache=True`` it then raises at
 '_id_bounds': no locator available"). Numba's ``NUMBA_CACHE_LOCATOR_CLASSES``
 reproduces that without root: limited to the IPython-cell locator, no module
 file has a location. The kernels must then compile in the process, warn once,
-and gather bit for bit. Each case runs in a fresh interpreter (the decorators
-run once per process).
+and gather bit for bit. Each of those cases runs in a fresh interpreter (the
+decorators run once per process); the ``jit_cached`` tests at the end check the
+decorator itself in process, with a stand-in for ``numba.njit``: the options it
+passes, the one warning, and that other errors pass through.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from pingpong.kernels import _jitcache
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -94,3 +100,62 @@ def test_cuda_kernels_import_without_a_numba_cuda_cache_location() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["cache"] == ["NullCache", "NullCache"]
     assert proc.stderr.count("WARNING pingpong: Numba has nowhere to cache") == 1, proc.stderr
+
+
+class FakeJit:
+    """Stands in for ``numba.njit``: records each call's options; refuses ``cache=True``
+    with ``error`` (None: accepts it)."""
+
+    def __init__(self, error: RuntimeError | None) -> None:
+        self.error = error
+        self.calls: list[dict[str, object]] = []
+
+    def __call__(self, **options: object) -> Any:
+        self.calls.append(options)
+        if options.get("cache") and self.error is not None:
+            raise self.error
+        return lambda func: ("compiled", func, options)
+
+
+def kernel() -> None:
+    """A function to decorate."""
+
+
+def test_jit_cached_asks_for_the_cache_with_the_options(monkeypatch, caplog) -> None:
+    """In process: where Numba can cache, one ``jit(cache=True, **options)`` and no
+    warning (the subprocess test above cannot tell a cached compile from an uncached one)."""
+    monkeypatch.setattr(_jitcache, "_warned", False)
+    jit = FakeJit(None)
+    with caplog.at_level(logging.DEBUG, logger=_jitcache.__name__):
+        compiled = _jitcache.jit_cached(jit, parallel=True, nogil=True)(kernel)
+    assert jit.calls == [{"cache": True, "parallel": True, "nogil": True}]
+    assert compiled == ("compiled", kernel, jit.calls[0])
+    assert caplog.records == []
+
+
+def test_jit_cached_without_a_location_keeps_the_options_and_warns_once(monkeypatch,
+                                                                       caplog) -> None:
+    monkeypatch.setattr(_jitcache, "_warned", False)
+    jit = FakeJit(RuntimeError("cannot cache function 'kernel': no locator available"))
+    with caplog.at_level(logging.DEBUG, logger=_jitcache.__name__):
+        first = _jitcache.jit_cached(jit, parallel=True, nogil=True)(kernel)
+        second = _jitcache.jit_cached(jit, fastmath=True)(kernel)
+    assert jit.calls == [{"cache": True, "parallel": True, "nogil": True},
+                         {"parallel": True, "nogil": True},
+                         {"cache": True, "fastmath": True}, {"fastmath": True}]
+    assert first == ("compiled", kernel, {"parallel": True, "nogil": True})
+    assert second == ("compiled", kernel, {"fastmath": True})
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.DEBUG]
+    assert "kernel" in caplog.records[0].getMessage()
+    assert "NUMBA_CACHE_DIR" in caplog.records[0].getMessage()
+
+
+def test_jit_cached_lets_other_errors_through(monkeypatch) -> None:
+    """Only Numba's "cannot cache function" is caught; any other error of the
+    decoration (a typing error, say) is raised as it is, not compiled again."""
+    monkeypatch.setattr(_jitcache, "_warned", False)
+    jit = FakeJit(RuntimeError("something else went wrong"))
+    with pytest.raises(RuntimeError, match="something else went wrong"):
+        _jitcache.jit_cached(jit)(kernel)
+    assert jit.calls == [{"cache": True}]
+    assert _jitcache._warned is False
