@@ -190,6 +190,30 @@ def test_hugetlb_without_a_pool_falls_back_to_thp(monkeypatch):
         assert hp.page_report(table).huge_advised
 
 
+def test_the_table_starts_on_the_first_2mib_boundary_of_its_mapping(monkeypatch):
+    """Linux 6.7+ places large anonymous mappings on 2 MiB boundaries itself, so the
+    alignment checks above hold even without the offset into the mapping; here the
+    mapping's address is reported 4 KiB lower, and the table must start where that
+    address plus the table's offset into the mapping is a 2 MiB boundary."""
+    real = hp._address
+    starts: list[tuple[int, int]] = []
+
+    def shifted(mapping: mmap.mmap) -> int:
+        starts.append((real(mapping), real(mapping) - mmap.PAGESIZE))
+        return starts[-1][1]
+
+    monkeypatch.setattr(hp, "_address", shifted)
+    table = _table_no_warning((512, 64), torch.float32, pages="normal")
+    assert len(starts) == 1
+    (actual, reported), offset = starts[0], table.data_ptr() - starts[0][0]
+    assert 0 <= offset < hp.HUGE_PAGE_BYTES
+    assert (reported + offset) % hp.HUGE_PAGE_BYTES == 0
+    if actual % hp.HUGE_PAGE_BYTES == 0:  # the kernel aligned it: 4 KiB in
+        assert offset == mmap.PAGESIZE
+    table.fill_(1.0)  # inside the mapping
+    assert float(table.sum()) == 512 * 64
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MAP_HUGETLB is Linux-only")
 def test_a_failed_hugetlb_mapping_names_the_size_it_asked_for(monkeypatch):
     """Found in review: a table under 1 MiB was reported as "of 0 MiB"."""
