@@ -84,3 +84,25 @@ def test_releasing_a_handle_twice_drops_one_share_only() -> None:
     finally:
         with _pin_lock:
             _registrations.remove(registration)
+
+
+def test_with_several_ranges_each_is_looked_up() -> None:
+    """Two loaders' tables pinned side by side: a range inside the later one shares it,
+    one across its end is refused, one between them has none -- whichever was added
+    first -- and removing one leaves the other registered."""
+    registry = _Registry()
+    first, second = object(), object()
+    other = BASE + 4 * SIZE
+    registry.add(first, BASE, SIZE)
+    registry.add(second, other, SIZE)
+    found = registry.holding(other + 64, 64)
+    assert found is not None
+    assert found.memory is second
+    with pytest.raises(TableError, match=f"overlap the {SIZE} bytes at {other:#x}"):
+        registry.holding(other + SIZE - 8, 16)
+    assert registry.holding(BASE + SIZE, 2 * SIZE) is None
+    registry.remove(found)
+    assert registry.holding(other + 64, 64) is None
+    kept = registry.holding(BASE, SIZE)
+    assert kept is not None
+    assert kept.memory is first
