@@ -298,3 +298,29 @@ def test_loader_over_a_huge_page_table_gathers_bit_identically(id_dtype):
                 assert torch.equal(batch.y, labels[outputs])
                 seen += 1
             assert seen == len(triples)
+
+
+def test_page_report_sums_every_mapping_holding_the_tensor(tmp_path):
+    """A table across two mappings (VMAs), one advised and one not: huge only where
+    *every* mapping is advised; sizes summed over both; a mapping elsewhere ignored."""
+    table = torch.zeros(1024, dtype=torch.uint8)
+    start = table.data_ptr()
+    middle, end = start + 512, start + 1024
+    smaps = tmp_path / "smaps"
+    smaps.write_text(
+        f"{start - 4096:x}-{middle:x} rw-p 00000000 00:00 0\n"
+        "Rss:                   8 kB\nAnonHugePages:         0 kB\nKernelPageSize:        4 kB\n"
+        "VmFlags: rd wr mr mw me ac hg\n"
+        f"{middle:x}-{end + 4096:x} rw-p 00000000 00:00 0\n"
+        "Rss:                  12 kB\nAnonHugePages:      2048 kB\nKernelPageSize:        4 kB\n"
+        "Private_Hugetlb:       0 kB\nVmFlags: rd wr mr mw me ac\n"
+        f"{end + 8192:x}-{end + 16384:x} rw-p 00000000 00:00 0\n"
+        "Rss:                 100 kB\nVmFlags: rd wr hg\n"
+    )
+    report = hp.page_report(table, smaps)
+    assert not report.huge_advised
+    assert report.mapped_bytes == (middle - start + 4096) + (end + 4096 - middle)
+    assert report.resident_bytes == 20 * 1024
+    assert report.anon_huge_bytes == 2048 * 1024
+    smaps.write_text(smaps.read_text().replace("me ac\n", "me ac hg\n"))
+    assert hp.page_report(table, smaps).huge_advised
