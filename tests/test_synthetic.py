@@ -146,6 +146,17 @@ def test_validation(kwargs: dict, names: str) -> None:
         make_synthetic_graph(**kwargs)
 
 
+def test_the_limits_themselves_are_accepted() -> None:
+    """Split fractions summing to exactly 1 split every node; as many classes as
+    nodes is allowed (the checks are ``> 1`` and ``>``, not ``>=``)."""
+    g = make_synthetic_graph(num_nodes=400, num_classes=4, feat_dim=2, avg_degree=4,
+                             train_frac=0.5, val_frac=0.25, test_frac=0.25)
+    assert [len(s) for s in (g.train_idx, g.val_idx, g.test_idx)] == [200, 100, 100]
+    assert torch.equal(torch.sort(torch.cat([g.train_idx, g.val_idx, g.test_idx])).values,
+                       torch.arange(400))
+    assert make_synthetic_graph(num_nodes=5, num_classes=5, feat_dim=2).num_classes == 5
+
+
 def _ccdf_slope(degree: torch.Tensor, lo: float, hi: float) -> float:
     """Least-squares slope of log P(D >= x) against log x, for x in [lo, hi]."""
     xs = torch.logspace(math.log10(lo), math.log10(hi), 12, dtype=torch.float64)
