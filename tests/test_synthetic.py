@@ -157,6 +157,16 @@ def test_the_limits_themselves_are_accepted() -> None:
     assert make_synthetic_graph(num_nodes=5, num_classes=5, feat_dim=2).num_classes == 5
 
 
+def test_fractions_that_sum_to_one_in_decimal_are_accepted() -> None:
+    """0.34 + 0.56 + 0.1 is 1.0000000000000002 in floats: not a bad argument."""
+    g = make_synthetic_graph(num_nodes=1000, num_classes=4, feat_dim=2, avg_degree=4,
+                             train_frac=0.34, val_frac=0.56, test_frac=0.1)
+    sizes = [len(s) for s in (g.train_idx, g.val_idx, g.test_idx)]
+    assert sizes == [int(0.34 * 1000), int(0.56 * 1000), int(0.1 * 1000)]
+    assert sum(sizes) <= 1000
+    assert len(torch.unique(torch.cat([g.train_idx, g.val_idx, g.test_idx]))) == sum(sizes)
+
+
 def _ccdf_slope(degree: torch.Tensor, lo: float, hi: float) -> float:
     """Least-squares slope of log P(D >= x) against log x, for x in [lo, hi]."""
     xs = torch.logspace(math.log10(lo), math.log10(hi), 12, dtype=torch.float64)
