@@ -318,3 +318,30 @@ def test_a_budget_larger_than_what_was_gathered_caches_only_rows_seen():
         stats = loader.stats
     assert stats["cache_rows"] == 20  # never-gathered rows are not cached
     assert stats["cache_hits"] == stats["cache_lookups"] == 60
+
+
+def test_an_id_gathered_twice_in_a_batch_counts_twice():
+    """Duplicates within a batch: each occurrence is a gathered row, so each is
+    counted towards the hot rows, looked up and (when cached) a hit.  Row 5 is
+    gathered three times in one batch, row 7 once in each of two: a cache of
+    one row learns row 5 (counting each batch's distinct ids would pick row 7),
+    and the stats count 5 lookups and 3 hits (not 3 and 1)."""
+    features = torch.randn(N, 4)
+    five, seven = torch.tensor([5, 5, 9, 5]), torch.tensor([7, 9])
+    triples = [(five, five[:1], None), (seven, seven[:1], None), (seven, seven[:1], None)]
+    device = _fake()
+    # row 9 (three times, like row 5) loses the tie to the lower id
+    with PingPongLoader(triples, features, device=device, cache_bytes=16) as loader:
+        assert _run_epoch(loader, triples, features) == 3
+        iter(loader).close()  # builds the cache
+        device.synchronize()
+        loader.reset_stats()
+        hits_before = device.cache_hits
+        assert _run_epoch(loader, triples, features) == 3
+        stats = loader.stats
+    (_rows, slot_of), = device._caches.values()
+    assert np.flatnonzero(slot_of >= 0).tolist() == [5]
+    assert stats["cache_rows"] == 1
+    assert stats["cache_lookups"] == 8
+    assert stats["cache_hits"] == 3 == device.cache_hits - hits_before
+    assert stats["cache_bytes_saved"] == 3 * 16
