@@ -56,13 +56,16 @@ def _receive(max_bytes: int | None) -> dict[str, torch.Tensor]:
 
 
 def test_a_child_that_installed_it_sends_small_tensors_by_value_and_big_ones_shared() -> None:
-    received = _receive(1 << 20)
+    """With a limit of 16 KiB (not the default 1 MiB, so that the limit given is
+    the one used): the 24 000 bytes of ``ids`` and the 1.2 MB of ``big`` go as
+    shared memory, the rest by value."""
+    received = _receive(1 << 14)
     sent = _tensors()
     assert received.keys() == sent.keys()
     for name, tensor in sent.items():
         assert same_bits(received[name], tensor), name
         # by value: a private copy; over the limit: torch's shared memory, as before
-        assert received[name].is_shared() == (name == "big"), name
+        assert received[name].is_shared() == (name in ("big", "ids")), name
 
 
 def test_without_it_every_tensor_comes_as_shared_memory() -> None:
@@ -83,9 +86,12 @@ def test_the_reduction_round_trips_through_pickle(name: str) -> None:
         return
     assert reduced is not None
     rebuild, args = reduced
-    copy = rebuild(*pickle.loads(pickle.dumps(args)))
+    data, dtype, shape = pickle.loads(pickle.dumps(args))
+    copy = rebuild(data, dtype, shape)
     assert same_bits(copy, tensor)
     assert copy.is_contiguous()
+    if data.size:  # rebuilt on the received bytes themselves, not on another copy
+        assert copy.data_ptr() == data.ctypes.data
 
 
 def test_what_is_left_to_torch() -> None:
@@ -96,6 +102,11 @@ def test_what_is_left_to_torch() -> None:
     assert reduce(torch.ones(4).to_sparse(), limit) is None  # not strided
     assert reduce(torch.ones(256), 1023) is None  # 1024 bytes > 1023
     assert reduce(torch.ones(256), 1024) is not None
+    complex_ = torch.tensor([1 + 2j, 3 - 1j])
+    assert reduce(complex_.conj(), limit) is None  # a lazy conjugate: its bits are not its value
+    assert reduce(complex_._neg_view(), limit) is None  # a lazy negation, likewise
+    assert reduce(complex_, limit) is not None
+    assert reduce(torch.ones(4, device="meta"), limit) is None  # not a CPU tensor
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
@@ -105,6 +116,26 @@ def test_max_bytes_is_checked(bad: object) -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         samplerpickle.install_in_this_process(bad)  # type: ignore[arg-type]
     assert samplerpickle.installed_max_bytes() is None  # nothing was installed here
+
+
+def test_every_sampler_process_is_told_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With sampler processes (a stand-in for DGL's pool): each is asked to run
+    ``install_in_this_process`` with the limit given, and their number comes back."""
+    pytest.importorskip("dgl")
+    from dgl.distributed import dist_context
+
+    class Pool:  # DGL's SamplerPool.submit_task_to_all_workers: each worker runs func(args)
+        def __init__(self) -> None:
+            self.tasks: list[tuple[object, object]] = []
+
+        def submit_task_to_all_workers(self, func: object, args: object) -> None:
+            self.tasks.append((func, args))
+
+    pool = Pool()
+    monkeypatch.setattr(dist_context, "get_sampler_pool", lambda: (pool, 3))
+    assert pingpong.send_sampler_batches_by_value(4096) == 3
+    assert pool.tasks == [(samplerpickle.install_in_this_process, 4096)]
+    assert samplerpickle.installed_max_bytes() is None  # the trainer itself installs nothing
 
 
 def test_without_sampler_processes_there_is_nothing_to_do() -> None:
