@@ -384,6 +384,28 @@ def test_a_form_may_give_no_label_ids_for_some_items(device_kind, heterogeneous)
             + 5 * 4 * LABELS.element_size())
 
 
+def test_blocks_keep_their_container():
+    """A node triple's blocks come back in the container the source gave: a tuple as
+    a tuple, a list as a list, one graph as that graph -- each block the source's
+    own, bit for bit (a tuple came back as a list would break ``a, b = blocks``
+    only for some models; ``blocks == (b0, b1)``-style checks for all)."""
+    base = list(_node_source())
+    for wrap in (tuple, list, lambda blocks: blocks[0]):
+        items = [(i, o, wrap(b)) for i, o, b in base]
+        with PingPongLoader(items, FEATURES, LABELS) as loader:
+            for batch, (inputs, outputs, blocks) in zip(loader, items, strict=True):
+                assert type(batch.blocks) is type(blocks)
+                assert torch.equal(batch.x, FEATURES[inputs])
+                assert torch.equal(batch.y, LABELS[outputs])
+                got = batch.blocks if isinstance(blocks, tuple | list) else [batch.blocks]
+                want = blocks if isinstance(blocks, tuple | list) else [blocks]
+                assert len(got) == len(want)
+                for a, b in zip(got, want, strict=True):
+                    assert all(torch.equal(x, y) for x, y in zip(a.edges(), b.edges(),
+                                                                 strict=True))
+                    assert torch.equal(a.srcdata[dgl.NID], b.srcdata[dgl.NID])
+
+
 # -- refusals: before any row is read -------------------------------------------------------
 def _edge_source(**kwargs: Any) -> Any:
     sampler = dgl.dataloading.as_edge_prediction_sampler(
@@ -415,9 +437,13 @@ def _node_source() -> Any:
         (lambda: [{"nodes": torch.arange(3)}],
          {"form": lambda item: {"paper": item["nodes"], "author": item["nodes"]}},
          r"form= must return a pair .* it returned a builtins\.dict"),
+        # four fields whose third is no negative graph: not read as negative sampling
+        (lambda: [(lambda item: (item[0], item[1], "negatives", item[2]))(
+            next(iter(_edge_source())))], {}, "tuple of length 4"),
     ],
     ids=["node-labels-edge-item", "edge-labels-node-item", "graph-without-nid",
-         "five-fields", "bad-form-callable", "form-returns-a-graph", "form-returns-a-dict"],
+         "five-fields", "bad-form-callable", "form-returns-a-graph", "form-returns-a-dict",
+         "four-fields-no-negative-graph"],
 )
 def test_refusals_name_the_problem_before_any_row_is_read(make_source, kwargs, needle):
     device = CountingCPUDevice()
@@ -1180,7 +1206,8 @@ def test_edge_labels_per_edge_type_with_heterogeneous_true_on_one_node_type():
 
 def test_a_form_may_key_edge_label_ids_by_name_or_canonical_triple():
     """form= returning DGL's own edata dict (canonical keys) for tables keyed by name
-    and by triple gathers each table's type; a dict with no entry for a table is a
+    and by triple gathers each table's type, and so do ids keyed by name for tables
+    keyed by triple and the reverse; a dict with no entry for a table is a
     BatchFormError before any row is read (it was zero rows, silently)."""
     items = list(dgl.dataloading.DataLoader(
         _rating_graph(), {"rates": torch.arange(80), "follows": torch.arange(40)},
@@ -1203,6 +1230,17 @@ def test_a_form_may_key_edge_label_ids_by_name_or_canonical_triple():
         assert isinstance(batch.y, dict)
         assert torch.equal(batch.y["follows"],
                            FOLLOW_WEIGHTS[batch.item[1].edata[dgl.EID][FOLLOWS]])
+    # the other way round: tables keyed by triple, the form's ids by name
+    by_triple = {RATES: RATINGS, "follows": FOLLOW_WEIGHTS}
+    with PingPongLoader(items, TYPED_FEATURES, edge_labels=by_triple, heterogeneous=True,
+                        form=lambda item: (item[0], {
+                            "rates": item[1].edata[dgl.EID][RATES],
+                            "follows": item[1].edata[dgl.EID][FOLLOWS]})) as loader:
+        for batch in loader:
+            edge_ids = batch.item[1].edata[dgl.EID]
+            assert isinstance(batch.y, dict)
+            assert torch.equal(batch.y[RATES], RATINGS[edge_ids[RATES]])
+            assert torch.equal(batch.y["follows"], FOLLOW_WEIGHTS[edge_ids[FOLLOWS]])
     device = CountingCPUDevice()
     with PingPongLoader(items, TYPED_FEATURES, edge_labels=edge_labels, heterogeneous=True,
                         device=device, form=lambda item: (item[0], {
