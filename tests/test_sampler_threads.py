@@ -172,6 +172,8 @@ import dgl, torch
 from pingpong import PingPongLoader
 from pingpong.devices.cpu import CPUDevice
 
+torch.set_num_threads(2)  # torch's own count, unlike OMP_NUM_THREADS
+
 class NoDefault(CPUDevice):
     # CUDA's defaults (no count, the priority left alone: no layer started at
     # construction) and no warm-up thread, so that Numba's OpenMP layer starts
@@ -185,6 +187,8 @@ seen = []
 class Source:
     def __iter__(self):
         seen.append(dgl.utils.get_num_threads())
+        torch.randn(200_000).mul_(2)  # torch's first parallel op on this thread
+        seen.append(dgl.utils.get_num_threads())
         return iter([(torch.arange(4), torch.arange(2), [])])
 
 with PingPongLoader(Source(), torch.zeros(4, 2), device=NoDefault(1)) as loader:
@@ -197,10 +201,13 @@ print(seen)
 def test_with_no_count_the_producer_keeps_the_count_it_started_with(dgl):
     """Numba's OpenMP layer, started on the producer thread, sets that thread's count
     to NUMBA_NUM_THREADS; with no count asked for (CUDA's default) the producer
-    puts back the process default (OMP_NUM_THREADS=1 here) before iter(source)."""
+    puts back the process default (OMP_NUM_THREADS=1 here) before iter(source), and
+    leaves torch's per-thread set-up to come later, as on a thread Numba never
+    touched: torch's first parallel op then sets torch's own count (2 here).  Running
+    that set-up first (``torch_first=True``) kept 1 on the producer for good."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "2",
            "NUMBA_THREADING_LAYER": "omp"}
     done = subprocess.run([sys.executable, "-c", NUMBA_STARTS_ON_THE_PRODUCER], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "[1]"
+    assert done.stdout.strip().splitlines()[-1] == "[1, 2]"
