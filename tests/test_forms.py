@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -404,6 +405,48 @@ def test_blocks_keep_their_container():
                     assert all(torch.equal(x, y) for x, y in zip(a.edges(), b.edges(),
                                                                  strict=True))
                     assert torch.equal(a.srcdata[dgl.NID], b.srcdata[dgl.NID])
+
+
+def _is_edge_block_of(got: Any, graph: Any) -> bool:
+    """``got`` is the homogeneous DGL ``graph`` as an EdgeBlock: same edges, same counts."""
+    src, dst = graph.edges()
+    return (type(got) is pingpong.EdgeBlock and torch.equal(got.src, src)
+            and torch.equal(got.dst, dst)
+            and (got.num_src_nodes, got.num_dst_nodes)
+            == (graph.num_src_nodes(), graph.num_dst_nodes()))
+
+
+def _all_equal(*pairs: tuple[Any, torch.Tensor]) -> bool:
+    return all(torch.equal(got, want) for got, want in pairs)
+
+
+def test_subgraphs_and_pair_graphs_arrive_in_the_devices_form():
+    """On a device that takes no DGL graphs (the fake one with ``edge_blocks=True``,
+    standing in for a GPU with a CPU-only DGL) a subgraph and a pair graph without
+    negatives arrive as the EdgeBlocks the device got, not as the source's own CPU
+    graphs (the NegativeEdgeBatch and the blocks: test_hetero_edge_blocks.py)."""
+    graph = _graph()
+    graph.ndata[dgl.NID] = torch.arange(NUM_NODES)
+    subgraphs = [dgl.node_subgraph(graph, torch.arange(i, NUM_NODES, 3)) for i in range(3)]
+    pairs = list(_edge_source())
+    device = FakeAsyncDevice(seed=4, edge_blocks=True)
+    with PingPongLoader(subgraphs, FEATURES, LABELS, device=device) as loader:
+        for batch, subgraph in zip(loader, subgraphs, strict=True):
+            assert _is_edge_block_of(batch.subgraph, subgraph)
+            ids = subgraph.ndata[dgl.NID]
+            assert device.consumer_submit(functools.partial(
+                _all_equal, (batch.x, FEATURES[ids]), (batch.y, LABELS[ids]))).result()
+    device = FakeAsyncDevice(seed=4, edge_blocks=True)
+    with PingPongLoader(pairs, FEATURES, edge_labels=EDGE_LABELS, device=device) as loader:
+        for batch, (input_nodes, pair_graph, blocks) in zip(loader, pairs, strict=True):
+            assert type(batch) is pingpong.EdgeBatch
+            assert _is_edge_block_of(batch.pair_graph, pair_graph)
+            assert all(_is_edge_block_of(b, w) for b, w in zip(batch.blocks, blocks,
+                                                                strict=True))
+            edge_ids = pair_graph.edata[dgl.EID]
+            assert device.consumer_submit(functools.partial(
+                _all_equal, (batch.x, FEATURES[input_nodes]),
+                (batch.y, EDGE_LABELS[edge_ids]))).result()
 
 
 # -- refusals: before any row is read -------------------------------------------------------
