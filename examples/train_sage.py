@@ -569,10 +569,9 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
                 val_acc = evaluate(model, val_loader, args, device)
                 log(f"Eval Acc {val_acc:.4f}", flush=True)
             ranks.barrier(device)  # the others wait while rank 0 evaluates
-        if report is not None and args.dump_batches is not None:
+        if report is not None and check is not None:  # check: made with --dump-batches
             report.update(output_nodes=outputs, params_sha256=params_digest(model),
-                          step_sha256=step_sha256,
-                          batch_check=check.summary() if check is not None else None)
+                          step_sha256=step_sha256, batch_check=check.summary())
         test_acc = evaluate(model, test_loader, args, device) if test_loader is not None else 0.0
         log(f"Test Acc: {test_acc:.4f}", flush=True)
         stats = dict(train_loader.stats)
