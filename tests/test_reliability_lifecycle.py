@@ -808,6 +808,8 @@ def test_a_close_descheduled_before_its_wakeup_still_reads_as_closed():
     closer.join()
 
 
+# this test takes SIGALRM for its Ctrl-C, which the suite's per-test limit also uses
+@pytest.mark.timeout(600, method="thread")
 @pytest.mark.parametrize("loaders", ["one loader", "two loaders"])
 def test_a_real_ctrl_c_while_waiting_for_a_producer_inside_a_persistent_worker_loader(
         loaders):
