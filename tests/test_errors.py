@@ -8,6 +8,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,11 @@ def test_bad_input_ids_are_refused_and_next_epoch_works(ids, exc, needle):
         if exc is IndexError:
             assert f"N = {N}" in str(info.value)
             assert isinstance(info.value, pingpong.IdRangeError)
+        elif needle == "1-D":  # a shape problem: also a ValueError, as errors.py says
+            assert isinstance(info.value, pingpong.IdShapeError)
+            assert isinstance(info.value, ValueError)
+        elif needle != "list":  # a list is no ids at all: a BatchFormError
+            assert isinstance(info.value, pingpong.IdTypeError)
         # the epoch ended, and a next() that carries on says so (not StopIteration,
         # which would end a loop that caught the error short without a word)
         failure = rf"failed after 1 batches \({type(info.value).__name__}: "
@@ -162,6 +168,7 @@ class NumpyTyped:
         (torch.randn(0, 4), None, "empty"),
         (torch.randn(N, 0), None, "empty"),
         ("not a tensor", None, "torch.Tensor"),
+        (SimpleNamespace(shape=(N, 4)), None, "must be a torch.Tensor, got SimpleNamespace"),
         ({}, None, "empty dict"),
         ({"a": torch.randn(N, 2), "b": torch.randn(N + 1, 2)}, None, "different numbers"),
         ({1: torch.randn(N, 2)}, None, "keys must be str"),
@@ -176,6 +183,9 @@ class NumpyTyped:
         (np.ma.masked_less(np.arange(N * 2.0).reshape(N, 2), 4), None, "masked array"),
         (np.ma.masked_array(np.ones((N, 2), "f4")), None, "masked array"),  # no entry masked
         (torch.randn(N, 4), np.ma.masked_array(np.arange(N)), "labels is a NumPy masked"),
+        (torch.randn(N, 4, device="meta"), None, "must live in host memory.*meta"),
+        (np.zeros((N, 4), dtype="f4")[:, ::2], None, r"np.ascontiguousarray\(features\)"),
+        (torch.randn(N, 4), {"n": torch.arange(N)}, "labels is a dict.*heterogeneous=True"),
     ],
     ids=lambda v: repr(v)[:24],
 )
@@ -232,19 +242,23 @@ def test_row_sources_of_quantized_rows_are_refused_at_construction(dtype):
         ({"timeout": 0}, "timeout"),
         ({"timeout": -1.0}, "timeout"),
         ({"timeout": "5"}, "timeout"),
+        ({"timeout": True}, "timeout"),  # a bool is no number of seconds
         ({"gather_threads": 0}, "gather_threads"),
         ({"gather_threads": True}, "gather_threads"),
         ({"gather_threads": 1.0}, "gather_threads"),
         ({"num_buffers": np.bool_(True)}, "num_buffers"),
         ({"num_buffers": np.float64(3)}, "num_buffers"),
         ({"num_buffers": np.int64(1)}, "num_buffers"),
-        ({"cache_bytes": np.int64(-1)}, "cache_bytes"),
+        ({"cache_bytes": np.int64(-1)}, "cache_bytes must be a non-negative int"),
     ],
     ids=lambda v: repr(v)[:30],
 )
 def test_bad_arguments_are_refused(kwargs, needle):
-    with pytest.raises(ValueError, match=needle):
+    with pytest.raises(ValueError, match=needle) as info:
         PingPongLoader(make_triples(N, 1), torch.randn(N, 2), **kwargs)
+    assert isinstance(info.value, pingpong.ConfigError)
+    if needle in ("needs a CUDA device", "not supported"):  # a device that cannot gather
+        assert isinstance(info.value, pingpong.GatherModeUnavailable)
 
 
 @pytest.mark.parametrize(("kwargs", "needle"), [
@@ -569,7 +583,8 @@ def test_dead_producer_is_noticed(monkeypatch):
         return None  # ends without a terminal message
 
     monkeypatch.setattr(epoch_module, "produce", dies_silently)
-    with PingPongLoader(make_triples(N, 3), torch.randn(N, 2)) as loader:
+    # timeout: a loader that missed the death fails the test instead of hanging it
+    with PingPongLoader(make_triples(N, 3), torch.randn(N, 2), timeout=60) as loader:
         with pytest.raises(pingpong.ProducerDiedError):
             next(iter(loader))
 
