@@ -175,6 +175,42 @@ def test_len_and_iteration_semantics():
         iter(loader)
 
 
+def test_the_with_block_closes_the_loader_also_when_the_loop_raises():
+    with PingPongLoader(make_triples(N, 3), torch.randn(N, 2)) as loader:
+        assert not loader.closed
+        assert sum(1 for _ in loader) == 3
+    assert loader.closed
+    with pytest.raises(pingpong.LoaderClosedError):
+        iter(loader)
+    with pytest.raises(ZeroDivisionError):
+        with PingPongLoader(make_triples(N, 3), torch.randn(N, 2)) as other:
+            it = iter(other)
+            next(it)
+            raise ZeroDivisionError
+    assert other.closed
+    with pytest.raises(pingpong.LoaderClosedError):
+        next(it)  # the epoch ended with its loader
+
+
+def test_a_closed_loader_starts_no_pass_of_its_source():
+    """``iter()`` on a closed loader raises before any epoch starts: no producer,
+    no ``iter(source)``, nothing counted."""
+    passes: list[int] = []
+
+    class Counting:
+        def __iter__(self):
+            passes.append(1)
+            return iter(make_triples(N, 2))
+
+    loader = PingPongLoader(Counting(), torch.randn(N, 2))
+    loader.close()
+    with pytest.raises(pingpong.LoaderClosedError):
+        iter(loader)
+    assert loader.stats["epochs"] == 0
+    assert not [t for t in pingpong_threads() if t.name.startswith("pingpong-producer")]
+    assert passes == []
+
+
 def test_len_without_source_length():
     class NoLen:
         def __iter__(self):
@@ -202,8 +238,10 @@ def test_reiterating_while_previous_epoch_runs():
     features = torch.randn(N, 5)
     with PingPongLoader(source, features) as loader:
         first = iter(loader)
-        next(first)
+        held = next(first)
         second = iter(loader)  # ends the first epoch, loudly
+        with pytest.raises(pingpong.BatchExpiredError):
+            held.record_stream(None)  # its slot is the new epoch's now
         with pytest.raises(pingpong.EpochSupersededError, match="after 1 batches"):
             next(first)
         with pytest.raises(pingpong.EpochSupersededError):
@@ -232,6 +270,20 @@ def test_dropping_loader_stops_everything():
     del loader, it
     gc.collect()
     assert wait_for_no_pingpong_threads(2.0) == []
+
+
+def test_dropping_loader_closes_the_device_it_owns():
+    """The loader's finaliser closes it as ``close()`` would: a device given as
+    ``device=`` is the loader's to close (on CUDA: pinned tables, streams)."""
+    from pingpong.devices.fake import FakeAsyncDevice
+
+    device = FakeAsyncDevice()
+    loader = PingPongLoader(make_triples(N, 50), torch.randn(N, 5), device=device)
+    it = iter(loader)
+    next(it)
+    del loader, it
+    gc.collect()
+    assert device.closed
 
 
 def test_producer_runs_at_most_num_buffers_minus_one_ahead():
@@ -281,6 +333,66 @@ def test_stats_are_consistent():
     assert stats["rss_bytes"] > 0
     # slots grow rarely: at most a few times each, never once per batch
     assert stats["slot_grows"] <= 2 * 2 * 3
+    assert stats["slot_grows"] >= 2 * 2  # each slot's feature and label buffers, once
+    for key in ("epochs", "batches", "rows_gathered", "bytes_gathered"):
+        assert type(stats[key]) is int, key
+
+
+def test_slot_stats_count_every_slot():
+    """Same-sized batches through three slots: each buffer of each slot is
+    allocated once, at the capacity its first batch asked for."""
+    from pingpong.slots import grown_capacity
+
+    source = [(torch.arange(i, i + 10), torch.arange(i, i + 4), None) for i in range(6)]
+    with PingPongLoader(source, torch.randn(N, 4), torch.arange(N), num_buffers=3) as loader:
+        assert sum(1 for _ in loader) == 6
+        stats = loader.stats
+    assert stats["slot_grows"] == 3 * 2
+    assert stats["slot_bytes"] == 3 * (grown_capacity(10) * 16 + grown_capacity(4) * 8)
+
+
+def test_rows_gathered_counts_each_node_once_however_many_tables():
+    source = make_triples(N, 3)
+    features = {"a": torch.randn(N, 2), "b": torch.randint(0, 9, (N, 3))}
+    with PingPongLoader(source, features) as loader:
+        assert sum(1 for _ in loader) == 3
+        stats = loader.stats
+    rows = sum(len(t[0]) for t in source)
+    assert stats["rows_gathered"] == rows
+    assert stats["bytes_gathered"] == rows * (2 * 4 + 3 * 8)
+
+
+def test_reset_stats_zeroes_the_counters_and_restarts_the_clock():
+    source = make_triples(N, 4)
+    with PingPongLoader(source, torch.randn(N, 10), torch.arange(N)) as loader:
+        assert sum(1 for _ in loader) == 4
+        before = loader.stats
+        assert before["batches"] == 4
+        reset_at = time.perf_counter()
+        loader.reset_stats()
+        after = loader.stats
+        assert after["wall_s"] <= time.perf_counter() - reset_at  # since the reset
+        for key in ("epochs", "batches", "rows_gathered", "bytes_gathered", "sample_s",
+                    "gather_s", "consumer_stall_s", "producer_busy_s"):
+            assert after[key] == 0, key
+        assert after["slot_bytes"] == before["slot_bytes"]  # memory held, not a counter
+        assert after["slot_grows"] == before["slot_grows"]
+        assert sum(1 for _ in loader) == 4  # the next epoch counts from zero
+        again = loader.stats
+    assert again["epochs"] == 1
+    assert again["batches"] == 4
+    assert again["rows_gathered"] == sum(len(t[0]) for t in source)
+
+
+def test_overlap_ratio_is_clamped_to_0_and_1():
+    """A loop that waited longer than the producer worked (threads started, the
+    GIL) has an overlap of 0, not a negative one; one that never waited, 1."""
+    stats = pingpong.stats.LoaderStats()
+    stats.add(sample_s=0.1, gather_s=0.1, consumer_stall_s=0.5)
+    assert stats.snapshot()["overlap_ratio"] == 0.0
+    stats.reset()
+    stats.add(sample_s=0.1, gather_s=0.1)
+    assert stats.snapshot()["overlap_ratio"] == 1.0
 
 
 @pytest.mark.parametrize("sample_ahead", [False, True])
@@ -409,6 +521,21 @@ def test_producer_cpu_counts_the_sources_cpu_not_its_waits():
         idle = loader.stats
     assert idle["sample_s"] >= 4 * 0.02 * 0.9  # the ending step is not in sample_s
     assert idle["producer_cpu_s"] < 0.5 * idle["sample_s"]
+
+
+def test_consumer_stall_s_counts_the_wait_in_next():
+    """The source takes 0.5 s for its first item, after its ``iter()`` returned:
+    the training loop waits that long, in ``iter()`` and then in ``next()``."""
+
+    class SlowFirstItem:
+        def __iter__(self):
+            time.sleep(0.5)  # runs at the first next(), not in iter()
+            yield from make_triples(N, 2)
+
+    with PingPongLoader(SlowFirstItem(), torch.randn(N, 4)) as loader:
+        assert sum(1 for _ in loader) == 2
+        stats = loader.stats
+    assert stats["consumer_stall_s"] >= 0.4  # 0.5 s, less a thread's wake-up
 
 
 def test_sample_s_counts_the_sources_iter():
