@@ -3,6 +3,7 @@ never outlives its loader, and a loader that works whatever the warm-up does."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from conftest import make_triples, warm_up_of
 
 import pingpong
 from pingpong.devices import cpu as cpu_device
-from pingpong.kernels import _checks, _warmup, start_warm_up, warm_up_cpu
+from pingpong.kernels import WarmUpThread, _checks, _warmup, start_warm_up, warm_up_cpu
 from pingpong.kernels import cpu as cpu_kernels
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,6 +80,9 @@ def test_int64_ids_are_warmed_up_first():
                      cpu_kernels.gather_signature(2, np.int64),
                      cpu_kernels.gather_signature(8, np.int32),
                      cpu_kernels.gather_signature(2, np.int32)]
+    # each (word, id dtype) once, however often tables and dtypes repeat it
+    assert warm_up_cpu([8, 16, 24], [np.int64, "int64"], threading_layer=False) == [
+        cpu_kernels.gather_signature(8, np.int64)]
 
 
 def test_warm_up_stops_between_steps():
@@ -89,6 +93,54 @@ def test_warm_up_stops_between_steps():
         return len(calls) > 1  # allow the first step only
 
     assert warm_up_cpu([8, 4], [np.int32, np.int64], should_stop=should_stop) == []
+
+
+def test_each_specialisation_is_marked_ready_as_soon_as_it_is_made(monkeypatch):
+    """A loader may use a gather while the rest warm up: each one is recorded
+    (``gather_is_ready``) right after its step, before the next step's stop check."""
+    monkeypatch.setattr(cpu_kernels, "_ready", set())
+    i64, i32 = np.dtype(np.int64), np.dtype(np.int32)
+    seen: list[set[tuple[int, np.dtype]]] = []
+
+    def should_stop() -> bool:
+        seen.append(set(cpu_kernels._ready))
+        return False
+
+    warm_up_cpu([8, 6], [i64, i32], threading_layer=False, should_stop=should_stop)
+    a, b, c, d = (8, i64), (2, i64), (8, i32), (2, i32)
+    # one check before each id dtype and before each gather
+    assert seen == [set(), set(), {a}, {a, b}, {a, b}, {a, b, c}]
+    assert cpu_kernels._ready == {a, b, c, d}
+    table = np.zeros((4, 6), np.uint8)
+    assert cpu_kernels.gather_is_ready(table, np.zeros(2, i32), np.zeros((2, 6), np.uint8))
+
+
+def test_a_stop_after_one_id_dtype_starts_no_step_of_the_next(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_ready", set())
+    monkeypatch.setattr(_checks, "_bounds_ready", set())
+
+    def stop_once_int64_is_ready() -> bool:
+        return bool(cpu_kernels._ready)
+
+    ready = warm_up_cpu([8], [np.int64, np.int32], threading_layer=False,
+                        should_stop=stop_once_int64_is_ready)
+    assert ready == [cpu_kernels.gather_signature(8, np.int64)]
+    assert _checks._bounds_ready == {np.dtype(np.int64)}  # int32's bounds pass not started
+
+
+def test_the_positioned_warm_up_marks_each_word_ready_and_stops_between_steps(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "_ready_at", set())
+    assert cpu_kernels.warm_up_cpu_at([8, 6], should_stop=lambda: True) == []
+    assert cpu_kernels._ready_at == set()
+    ready = cpu_kernels.warm_up_cpu_at([8, 6])
+    int64s = numba.typeof(np.empty(1, np.int64))
+    assert ready == [(words, int64s, int64s, words, numba.typeof(cpu_kernels._ROWS_PER_CHUNK))
+                     for words in (numba.typeof(np.empty((1, 1), dtype)) for dtype in
+                                   (np.int64, np.int16))]
+    assert cpu_kernels._ready_at == {8, 2}
+    rows = np.zeros((4, 6), np.uint8)
+    assert cpu_kernels.gather_at_is_ready(rows, np.zeros((9, 6), np.uint8))
+    assert not cpu_kernels.gather_at_is_ready(_misaligned(4, 6), np.zeros((9, 6), np.uint8))
 
 
 @pytest.mark.parametrize(
@@ -118,14 +170,64 @@ def test_warm_up_thread_records_its_result_and_is_joined():
     assert not _warmup.in_progress
 
 
-def test_a_failing_warm_up_is_kept_not_raised():
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_failing_warm_up_is_kept_not_raised(error):
     def fail(stop):
-        raise RuntimeError("no compiler today")
+        raise error("no compiler today")
 
     warm_up = start_warm_up(fail)
     assert warm_up.stop()
-    assert isinstance(warm_up.error, RuntimeError)
+    assert isinstance(warm_up.error, error)
+    assert not _warmup.in_progress
     assert warm_up.error.__traceback__ is None  # keeps no frames (tables) alive
+
+
+def test_stop_from_the_warm_up_thread_itself_only_asks():
+    """E.g. a loader's finaliser run by a garbage collection on the warm-up thread:
+    stop() cannot join the thread it runs on, so it only asks."""
+    go = threading.Event()
+    box: dict[str, object] = {}
+
+    def work(should_stop):
+        go.wait(5)
+        box["returned"] = box["warm_up"].stop()  # type: ignore[attr-defined]
+        return should_stop()
+
+    warm_up = start_warm_up(work)
+    box["warm_up"] = warm_up
+    go.set()
+    assert warm_up.done.wait(5)
+    assert warm_up.error is None
+    assert box["returned"] is False  # still running when it asked
+    assert warm_up.result is True  # and the request was recorded
+
+
+def test_stop_waits_for_the_step_in_progress():
+    """Without a timeout, stop() joins: it returns once the step it interrupted ended."""
+    def step_in_progress(should_stop):
+        while not should_stop():
+            time.sleep(0.005)
+        time.sleep(0.5)  # the rest of the step: a compilation cannot be interrupted
+        return "stopped"
+
+    warm_up = start_warm_up(step_in_progress)
+    assert warm_up.stop()
+    assert warm_up.done.is_set()
+    assert warm_up.result == "stopped"
+
+
+def test_a_warm_up_thread_that_cannot_start_leaves_nothing_in_progress(monkeypatch):
+    warm_up = WarmUpThread(lambda stop: None)
+
+    def no_thread_left() -> None:  # the environment: out of threads
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(warm_up._thread, "start", no_thread_left)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        warm_up.start()
+    assert warm_up.done.is_set()
+    assert not _warmup.in_progress
+    assert warm_up.stop() is True  # never started: nothing to join
 
 
 class _Gate:
@@ -139,6 +241,18 @@ class _Gate:
         while not should_stop():
             time.sleep(0.005)
         return []
+
+
+def test_in_progress_stays_set_while_any_warm_up_runs():
+    gates = [_Gate(), _Gate()]
+    first, second = (start_warm_up(functools.partial(gate, [])) for gate in gates)
+    try:
+        assert all(gate.started.wait(5) for gate in gates)
+        assert first.stop()
+        assert _warmup.in_progress  # the second one still compiles
+    finally:
+        second.stop()
+    assert not _warmup.in_progress
 
 
 def _check_epochs(loader, triples, features, labels, epochs=2):
@@ -223,7 +337,9 @@ def test_loader_uses_numba_once_warm(monkeypatch):
         assert warm_up.done.wait(120)
         assert warm_up.error is None
         ready = warm_up.result
-        assert cpu_kernels.gather_signature(8, np.int64) in ready  # 64-byte rows
+        # 64-byte rows: 8-byte words; int64 ids (torch's and DGL's) first
+        assert ready == [cpu_kernels.gather_signature(8, np.int64),
+                         cpu_kernels.gather_signature(8, np.int32)]
         before = _signatures()
         _check_epochs(loader, triples, features, labels, epochs=1)
         assert _signatures() == before
@@ -235,6 +351,15 @@ def test_a_failed_warm_up_does_not_break_the_loader(monkeypatch):
         raise RuntimeError("warm-up broke")
 
     monkeypatch.setattr(cpu_device, "warm_up_cpu", broken)
+    monkeypatch.setattr(cpu_kernels, "_ready", set())  # nothing was made ready
+    calls = []
+    real = cpu_device.gather_rows_cpu_unchecked
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(cpu_device, "gather_rows_cpu_unchecked", counting)
     features = torch.randn(800, 24)
     labels = torch.arange(800)
     triples = make_triples(800, 5)
@@ -242,7 +367,59 @@ def test_a_failed_warm_up_does_not_break_the_loader(monkeypatch):
         warm_up = warm_up_of(loader)
         assert warm_up.done.wait(10)
         assert isinstance(warm_up.error, RuntimeError)
-        _check_epochs(loader, triples, features, labels)
+        _check_epochs(loader, triples, features, labels, epochs=1)
+        calls.clear()
+        _check_epochs(loader, triples, features, labels, epochs=1)
+    # every gather after the failure ran the kernel (compiled on first use, as without
+    # a warm-up), not torch's fallback for good: features and labels of each batch
+    assert len(calls) == 2 * len(triples)
+
+
+def test_a_device_starts_one_warm_up(monkeypatch):
+    gate = _Gate()
+    monkeypatch.setattr(cpu_device, "warm_up_cpu", gate)
+    device = cpu_device.CPUDevice()
+    device.start_warm_up([np.zeros((4, 8), np.uint8)], [])
+    first = device.warm_up
+    assert first is not None
+    assert gate.started.wait(5)
+    device.start_warm_up([np.zeros((4, 6), np.uint8)], [])  # once per device: ignored
+    assert device.warm_up is first
+    device.detach()
+    assert first.done.is_set()
+    assert not [t for t in threading.enumerate() if t.name.startswith("pingpong-warmup-")]
+
+
+def test_a_failed_warm_up_leaves_the_positioned_gather_to_the_kernel(monkeypatch):
+    """The same for a row source's rows (the positioned kernel): not torch for good."""
+    from test_local_rows import N, PartitionedRows
+    from test_reliability import SeqSource, make_table, seq_triples
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("warm-up broke")
+
+    monkeypatch.setattr(cpu_device, "warm_up_cpu", broken)
+    monkeypatch.setattr(cpu_kernels, "_ready_at", set())  # nothing was made ready
+    calls = []
+    real = cpu_device.gather_rows_at_cpu_unchecked
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(cpu_device, "gather_rows_at_cpu_unchecked", counting)
+    features = make_table(N, (16,))
+    triples = seq_triples(N, 4)
+    with pingpong.PingPongLoader(SeqSource(triples, shuffle=False), PartitionedRows(features),
+                                 device="cpu") as loader:
+        warm_up = warm_up_of(loader)
+        assert warm_up.done.wait(10)
+        assert isinstance(warm_up.error, RuntimeError)
+        for _ in range(2):  # the first epoch may have started before the failure
+            calls.clear()
+            for batch, (inputs, _, _) in zip(loader, triples, strict=True):
+                assert torch.equal(batch.x, features[inputs])
+    assert len(calls) >= len(triples)  # local rows, and fetched ones, by the kernel
 
 
 def test_closing_at_once_leaves_no_thread_behind(monkeypatch):
@@ -267,15 +444,26 @@ def test_id_check_never_waits_for_a_compiling_warm_up(monkeypatch):
     monkeypatch.setattr(_checks, "_id_bounds", compiled_bounds_must_not_run)
     gate = _Gate()
     warm_up = start_warm_up(lambda stop: gate([], should_stop=stop))
+    used: list[np.dtype] = []
+
+    def counted_bounds(ids):
+        used.append(ids.dtype)
+        return real_bounds(ids)
+
     try:
         assert gate.started.wait(5)
         _checks.check_id_range(np.array([0, 9], np.int64), 10)
         with pytest.raises(pingpong.IdRangeError, match=r"ids\[1\] = 10"):
             _checks.check_id_range(np.array([3, 10], np.int32), 10)
+        monkeypatch.setattr(_checks, "_id_bounds", counted_bounds)
+        _checks._bounds_ready.add(np.dtype(np.int32))  # this one's pass is ready: Numba
+        with pytest.raises(pingpong.IdRangeError, match=r"ids\[1\] = 10"):
+            _checks.check_id_range(np.array([3, 10], np.int32), 10)
+        assert used == [np.dtype(np.int32)]
     finally:
         warm_up.stop()
-    monkeypatch.setattr(_checks, "_id_bounds", real_bounds)
     _checks.check_id_range(np.array([0, 9], np.int64), 10)  # Numba again once done
+    assert used == [np.dtype(np.int32), np.dtype(np.int64)]
 
 
 def _unshare_works() -> bool:
