@@ -91,6 +91,31 @@ def test_consumer_work_is_ordered_and_release_poisons_held_rows(device):
     assert (late.result() == torch.iinfo(torch.int64).min).all()
 
 
+def test_held_rows_are_poisoned_before_the_release_event_completes(device, monkeypatch):
+    """The copy stream may refill a slot as soon as its release event completes: the
+    poison must be written by then, or it would land on the next batch."""
+    import pingpong.devices.fake as fake
+
+    table = make_host_table(torch.arange(N * 2, dtype=torch.int64).reshape(N, 2), "t")
+    out = device.allocate((3, 2), torch.int64)
+    device.gather(table, np.array([1, 2, 3]), out)
+    device.consumer_wait(device.record())
+    gate = threading.Event()
+    device.consumer_submit(gate.wait)  # hold the consumer stream until `release` is known
+    release = device.consumer_record()
+    complete_when_poisoned = []
+
+    def poison_and_look(tensor: torch.Tensor) -> torch.Tensor:
+        complete_when_poisoned.append(release.query())
+        return poison_(tensor)
+
+    monkeypatch.setattr(fake, "poison_", poison_and_look)
+    gate.set()
+    assert release.synchronize(5)
+    assert complete_when_poisoned == [False]
+    assert (out == torch.iinfo(torch.int64).min).all()
+
+
 def test_poison_values_per_dtype():
     assert torch.isnan(poison_(torch.empty(3, dtype=torch.bfloat16))).all()
     assert (poison_(torch.empty(3, dtype=torch.uint8)) == 255).all()
@@ -142,9 +167,10 @@ def test_consumer_submit_returns_results_and_errors(device):
 
 
 def test_injected_fault_raises_in_the_calling_thread(device):
-    device.inject_fault("gather", 2, lambda: MemoryError("injected"))
     table = make_host_table(torch.randn(N, 2), "t")
     out = device.allocate((1, 2), torch.float32)
+    device.gather(table, np.array([0]), out)  # before the injection: not counted
+    device.inject_fault("gather", 2, lambda: MemoryError("injected"))
     device.gather(table, np.array([0]), out)
     with pytest.raises(MemoryError, match="injected"):
         device.gather(table, np.array([0]), out)
@@ -193,6 +219,8 @@ def test_make_device_accepts_a_device_instance(device):
         make_device(device, "cpu")
     with pytest.raises(ConfigError, match="sort_ids"):
         make_device(device, "auto", sort_ids="gpu")
+    with pytest.raises(ConfigError, match="gather_threads"):
+        make_device(device, "auto", gather_threads=2)
 
 
 def test_loader_uses_and_closes_the_fake_device():
