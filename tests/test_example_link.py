@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from test_example import PINGPONG_ONLY_STATS, run_example
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_link.py"
@@ -132,3 +133,116 @@ def test_link_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest
         train_link.main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.fixture
+def link(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The example's module (its helpers, tested without a training run)."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_link
+
+    return train_link
+
+
+def _tiny_split(link: Any, *flags: str) -> tuple[Any, Any]:
+    args = link.build_parser().parse_args(["--num-nodes", "400", "--eval-num-negs", "3",
+                                           "--batch-size", "64", "--eval-batch-size", "64",
+                                           *flags])
+    data, _ = link.split_edges(args)
+    return args, data
+
+
+def _pairs(src: Any, dst: Any) -> set[tuple[int, int]]:
+    """Undirected edges as sorted node pairs."""
+    return {(min(a, b), max(a, b)) for a, b in zip(src.tolist(), dst.tolist(), strict=True)}
+
+
+@pytest.mark.dgl
+@needs_dgl
+def test_the_split_keeps_held_out_edges_apart_and_pairs_each_edge_with_its_reverse(
+        link: Any) -> None:
+    """What the module docstring promises the model never sees: a held-out edge in
+    the training graph (either direction), or a val edge among the test edges; and
+    ``reverse_eids`` (what ``exclude="reverse_id"`` drops) maps each training edge
+    to its reverse."""
+    _, data = _tiny_split(link)
+    g, t = data.train_graph, data.num_train
+    src, dst = g.edges()
+    assert g.num_edges() == 2 * t
+    rsrc, rdst = g.find_edges(data.reverse_eids)
+    assert torch.equal(rsrc, dst)
+    assert torch.equal(rdst, src)
+    train = _pairs(src, dst)
+    assert len(train) == t  # each undirected training edge once, in both directions
+    held = {}
+    for split, eg in data.eval_graphs.items():
+        esrc, edst = eg.edges()
+        assert torch.equal(esrc[:2 * t], src)
+        assert torch.equal(edst[:2 * t], dst)
+        held[split] = _pairs(esrc[2 * t:], edst[2 * t:])
+        assert len(held[split]) == eg.num_edges() - 2 * t == len(data.eval_tails[split]) > 0
+        assert not held[split] & train
+    assert not held["val"] & held["test"]
+
+
+@pytest.mark.dgl
+@needs_dgl
+def test_neighbourhoods_never_hold_a_seed_edge_its_reverse_or_a_held_out_edge(
+        link: Any) -> None:
+    """Training batches sample around their seed edges minus those edges and their
+    reverses; evaluation batches around training edges only."""
+    import dgl
+
+    args, data = _tiny_split(link)
+    sources = link.make_sources(data, args)
+    for _, pair_graph, _, blocks in sources["train"]:
+        seeds = pair_graph.edata[dgl.EID]
+        banned = set(seeds.tolist()) | set(data.reverse_eids[seeds].tolist())
+        for block in blocks:
+            assert not banned & set(block.edata[dgl.EID].tolist())
+    first = 2 * data.num_train
+    for split in ("val", "test"):
+        for _, pair_graph, _, blocks in sources[split]:
+            assert bool((pair_graph.edata[dgl.EID] >= first).all())
+            for block in blocks:
+                assert bool((block.edata[dgl.EID] < first).all()), split
+
+
+@pytest.mark.dgl
+@needs_dgl
+def test_fixed_tails_corrupt_each_held_out_edge_with_its_own_candidates(link: Any) -> None:
+    import dgl
+
+    g = dgl.graph((torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 0])))
+    tails = torch.tensor([[5, 6], [7, 8]])  # the candidates of edges 2 and 3
+    src, dst = link.FixedTails(tails, first_eid=2)(g, torch.tensor([3, 2]))
+    assert src.tolist() == [3, 3, 2, 2]  # negative i * k + j corrupts positive i
+    assert dst.tolist() == [7, 8, 5, 6]
+
+
+def test_link_metrics_on_known_scores(link: Any) -> None:
+    """MRR with ties counted half (OGB), AUC as Mann-Whitney U, chance MRR H(k+1)/(k+1)."""
+    ranks = link.reciprocal_ranks(torch.tensor([1.0, 3.0, 0.0]),
+                                  torch.tensor([[1.0, 0.0, 2.0], [0.0, 1.0, 2.0],
+                                                [1.0, 2.0, 3.0]]))
+    # ranks 2.5 (one above, one tie), 1 (top), 4 (bottom)
+    assert torch.allclose(ranks, torch.tensor([0.4, 1.0, 0.25], dtype=torch.float64))
+    assert link.auc(torch.tensor([3.0, 1.0]), torch.tensor([2.0, 0.0])) == 0.75
+    assert link.auc(torch.tensor([1.0]), torch.tensor([1.0])) == 0.5  # a tie: half
+    assert link.auc(torch.tensor([2.0, 3.0]), torch.tensor([0.0, 1.0, 1.5])) == 1.0
+    assert math.isclose(link.chance_mrr(1), (1 + 1 / 2) / 2)
+    assert math.isclose(link.chance_mrr(EVAL_NEGS), CHANCE_MRR)
+
+
+@pytest.mark.dgl
+@needs_dgl
+def test_link_loader_flags_reach_the_loader(link: Any) -> None:
+    args, data = _tiny_split(link, "--num-buffers", "3", "--sampler-threads", "1",
+                             "--producer-nice", "5", "--gather", "cpu")
+    source = link.make_sources(data, args)["train"]
+    loader = link.make_loader(source, data, args, torch.device("cpu"))
+    try:
+        assert (loader.num_buffers, loader.sampler_threads, loader.producer_nice,
+                loader.gather_mode) == (3, 1, 5, "cpu")
+    finally:
+        loader.close()

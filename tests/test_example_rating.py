@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from test_example import run_example
 
 SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_rating.py"
@@ -59,3 +60,30 @@ def test_rating_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pyte
         train_rating.main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+def test_rating_splits_are_disjoint_and_flags_reach_the_loader(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No rating is both trained on and scored; ``--num-buffers`` and the producer
+    flags are the loader's."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rating
+
+    data = train_rating.make_rating_graph(100, 30, 5, 8, 0)
+    splits = [data.train_eids, data.val_eids, data.test_eids]
+    assert torch.cat(splits).sort().values.tolist() == list(range(len(data.ratings)))
+    assert [len(s) for s in splits] == [400, 50, 50]
+    args = train_rating.build_parser().parse_args(
+        ["--num-buffers", "3", "--sampler-threads", "1", "--producer-nice", "5"])
+    loader = train_rating.make_loader(args, data, data.val_eids, shuffle=False)
+    try:
+        assert (loader.num_buffers, loader.sampler_threads, loader.producer_nice) == (3, 1, 5)
+        batch = next(iter(loader))
+        import dgl
+
+        eids = batch.pair_graph.edges[train_rating.RATES].data[dgl.EID]
+        assert torch.equal(batch.y["rates"], data.ratings[eids])
+    finally:
+        loader.close()

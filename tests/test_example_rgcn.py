@@ -126,3 +126,52 @@ def test_the_relational_layer_computes_what_dgls_hetero_graph_conv_does(
                 compared += 1
             h = {nt: torch.randn(v.shape[0], 5) for nt, v in want.items()}
     assert compared >= 4
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+def test_rgcn_loader_flags_reach_the_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rgcn
+
+    data = train_rgcn.make_mag_like(200, 50, 4, 8, 4, 0)
+    args = train_rgcn.build_parser().parse_args(
+        ["--num-buffers", "3", "--sampler-threads", "1", "--producer-nice", "5"])
+    loader = train_rgcn.make_loader(args, data, data.val_idx, shuffle=False)
+    try:
+        assert (loader.num_buffers, loader.sampler_threads, loader.producer_nice) == (3, 1, 5)
+    finally:
+        loader.close()
+
+
+@pytest.mark.dgl
+@pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
+def test_featureless_node_types_are_embedded_by_their_global_ids(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Authors and fields enter the model through ``embed[ntype]`` rows of the
+    batch's ``input_nodes``: no other row changes the output."""
+    import dgl
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rgcn
+
+    data = train_rgcn.make_mag_like(400, 300, 300, 8, 4, 0)
+    torch.manual_seed(0)
+    model = train_rgcn.RGCN(data, 8, 2, dropout=0.0).eval()
+    source = dgl.dataloading.DataLoader(data.graph, {"paper": data.train_idx[:8]},
+                                        dgl.dataloading.NeighborSampler([3, 3]), batch_size=8)
+    input_nodes, _, blocks = next(iter(source))
+    x = {"paper": data.features["paper"][input_nodes["paper"]]}
+    embeds = {nt: e for nt, e in model.embed.items() if isinstance(e, torch.nn.Embedding)}
+    assert set(embeds) == {"author", "field"}
+    with torch.no_grad():
+        before = model(blocks, x, input_nodes)
+        for nt, embed in embeds.items():
+            unused = torch.ones(embed.num_embeddings, dtype=torch.bool)
+            unused[input_nodes[nt]] = False
+            assert unused.any()
+            embed.weight[unused] += 100.0
+        assert torch.equal(model(blocks, x, input_nodes), before)
+        for nt, embed in embeds.items():
+            embed.weight[input_nodes[nt]] += 1.0
+        assert not torch.allclose(model(blocks, x, input_nodes), before)
