@@ -24,7 +24,7 @@ TINY = ["--sampler", "builtin", "--num-nodes", "4000", "--num-classes", "4",
 CHANCE = 1 / 4
 
 
-def run_example(tmp_path: Path, name: str, *args: str, timeout: float = 120,
+def run_example(tmp_path: Path, name: str, *args: str, timeout: float = 240,
                 script: Path = SCRIPT) -> tuple[dict[str, Any], str]:
     """Run the script; return its --json summary and its stdout.
 
