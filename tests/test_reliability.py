@@ -437,6 +437,51 @@ def test_hash_sleep_hash_never_changes_on_gpu(mode, num_buffers, seed):
     assert verifier.corrupted == 0
 
 
+def test_a_producer_that_took_a_slot_before_the_epoch_ended_writes_nothing_into_it():
+    """The producer's contract with a closer: once ``stop`` is set, whoever then
+    takes the write lock knows no slot is written again -- also by a producer that
+    had already taken a free slot and was waiting for the lock (``retire`` relies on
+    it when its join times out: a producer still writing would race the next
+    epoch's).  The test holds the epoch's write lock as ``retire`` does, lets the
+    producer take the slot handed back, ends the epoch, releases the lock: no gather
+    may be queued for batch 2."""
+    triples = seq_triples(N, 6)
+    device = fake(seed=3, max_delay_s=0.0)
+    with PingPongLoader(SeqSource(triples), make_table(), device=device) as loader:
+        it = iter(loader)
+        epoch = it._epoch
+        next(it)  # batch 0, in slot 0
+        _wait_until(lambda: device.calls["gather"] == 2, "batch 1 was never gathered")
+        with epoch.write_lock:  # once batch 1's fill (in slot 1) has let go of it
+            next(it)  # hands slot 0 back, returns batch 1
+            _wait_until(epoch.free_q.empty, "the producer never took the free slot")
+            epoch.end(epoch_module.EpochState.CLOSED)  # ... and the epoch ends under it
+        loader.close()  # retires the epoch: its producer has left
+        assert not epoch.producer_alive()
+        assert device.calls["gather"] == 2  # batches 0 and 1 only
+
+
+def test_the_fake_devices_streams_delay_their_work():
+    """The races the checks above rely on: each stream operation waits a seeded
+    random time up to the maximum (and none once the device closes)."""
+    device = fake(seed=7, max_delay_s=0.01)
+    try:
+        for stream in (device.copy_stream, device.consumer_stream):
+            delays = [stream.delay() for _ in range(50)]
+            assert all(0 <= d <= 0.01 for d in delays)
+            assert len(set(delays)) > 40
+    finally:
+        device.close()
+    assert device.copy_stream.delay() == 0.0
+
+
+def _wait_until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.001)
+
+
 def _broken(device: FakeAsyncDevice, how: str) -> None:
     if how == "copy stream does not wait for the release event":
         device.wait_event = lambda event: None  # type: ignore[method-assign]
@@ -483,6 +528,36 @@ def test_fake_device_catches_a_broken_protocol(how):
         assert verifier.corrupted >= 5, f"only {verifier.corrupted} of 10 batches corrupt"
 
 
+def test_fake_device_poisons_a_batch_read_after_its_slot_was_handed_back():
+    """The other half of the fake device's detection: a read queued on the consumer
+    stream after ``next()`` handed the batch's slot back finds poison there, not
+    the batch -- even when the refill comes late (copy stream 30 ms behind), so
+    only the poisoning on release can show it."""
+    device = FakeAsyncDevice(seed=0, max_delay_s=0.0, consumer_max_delay_s=0.0, host_jitter_s=0.0)
+    device.copy_stream.delay = lambda: 0.03  # type: ignore[method-assign]
+    triples = seq_triples(N, 6)
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    verifier = Verifier(device, Expected(features, labels, triples))
+    with PingPongLoader(SeqSource(triples), features, labels, device=device) as loader:
+        previous = None
+        for batch in loader:
+            if previous is not None:
+                verifier.submit(previous)  # queued behind the release of its slot
+            previous = batch
+        verifier.resolve()
+    assert (verifier.checked, verifier.corrupted) == (5, 5)
+
+
+def test_the_batch_digest_tells_dtypes_and_shapes_apart():
+    """The bit-identical checks compare digests: the same bytes as another dtype or
+    shape (an empty batch's ``(0, 3)`` against ``(0,)``) must not compare equal."""
+    rows = torch.arange(12, dtype=torch.int32)
+    digests = {digest(rows), digest(rows.view(torch.float32)), digest(rows.view(3, 4)),
+               digest(torch.empty(0, 3)), digest(torch.empty(0)), digest(None)}
+    assert len(digests) == 6
+    assert digest(rows) == digest(rows.clone())
+
+
 def _release_on_receipt(monkeypatch):
     """A broken consumer: it hands a slot back to the producer while still holding it."""
     original = epoch_module.Epoch._wait_for_message
@@ -503,7 +578,11 @@ def test_debug_check_catches_a_slot_refilled_while_held(monkeypatch):
         it = iter(loader)
         next(it)
         time.sleep(0.3)  # the producer refills the slot we hold
-        with pytest.raises(SlotOverwriteError, match="refilled while the training loop held"):
+        # Slot 0 held batch 0 (generation 1); the broken hand-back let the producer
+        # refill it with batch 2 (generation 2) -- and no more: slot 1 is still queued.
+        with pytest.raises(SlotOverwriteError,
+                           match=r"^slot 0 was refilled while the training loop held it "
+                                 r"\(generation 1 -> 2, after 1 batches this epoch\)"):
             next(it)
         with pytest.raises(pingpong.EpochFailedError, match=r"\(SlotOverwriteError: slot "):
             next(it)
@@ -774,6 +853,7 @@ def test_fault_in_a_new_epoch_after_an_epoch_left_before_its_pass_began(
     try:
         machine.source.iter_delay_s = 0.05
         machine.new_epoch()
+        assert len(machine.source.order) == 1  # iter() returned after iter(source) did
         machine.break_out(keep_reference=keep_reference)
         machine.new_epoch_with_sampler_fault(2)
         machine.source.iter_delay_s = 0.0
