@@ -34,8 +34,10 @@ warnings.simplefilter("error", RuntimeWarning)
 sys.path.insert(0, sys.argv[1])
 import numba, torch
 from test_reliability import make_table, seq_triples
-from pingpong import PingPongLoader
+from pingpong import PingPongLoader, _numba_threads
 
+if sys.argv[4]:  # the user's order, set in Numba's config in code, not the environment
+    numba.config.THREADING_LAYER_PRIORITY = sys.argv[4].split()
 features = make_table(300, (8,))
 source = seq_triples(300, 4)
 if sys.argv[3] == "dgl":  # DGL's own loader, whose workers fork in iter()
@@ -50,22 +52,30 @@ try:
             for batch in loader:
                 assert torch.equal(batch.x, features[batch.input_nodes])
 except RuntimeWarning as warning:
+    warnings.simplefilter("ignore", RuntimeWarning)
+    assert _numba_threads.must_serialise()  # pingpong's own launches take turns ...
+    with _numba_threads.parallel_launch_lock():
+        assert _numba_threads._launch_lock.locked()  # ... behind this lock
     print("warned", numba.config.THREADING_LAYER, warning)
     raise SystemExit(0)
+assert not _numba_threads.must_serialise()  # a thread-safe layer: no turns to take
 print(numba.threading_layer())
 """
 
 
 def run_a_loader(*, block: tuple[str, ...] = (), source: str = "triples",
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Two epochs of a fresh interpreter's loader; stdout names the layer it ran on."""
+                 env: dict[str, str] | None = None,
+                 config_priority: str = "") -> subprocess.CompletedProcess[str]:
+    """Two epochs of a fresh interpreter's loader; stdout names the layer it ran on.
+    ``config_priority``: an order the child sets in ``numba.config`` first."""
     given = env or {}
     full = {**os.environ, "DGLBACKEND": "pytorch", **given}
     for name in ("NUMBA_THREADING_LAYER", "NUMBA_THREADING_LAYER_PRIORITY"):
         if name not in given:  # the layer is pingpong's choice unless a test names one
             full.pop(name, None)
     done = subprocess.run(
-        [sys.executable, "-c", RUN_A_LOADER, str(Path(__file__).parent), ",".join(block), source],
+        [sys.executable, "-c", RUN_A_LOADER, str(Path(__file__).parent), ",".join(block), source,
+         config_priority],
         env=full, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     return done
@@ -108,6 +118,13 @@ def test_omp_is_chosen_over_tbb_so_dgl_workers_fork_quietly():
 
 def test_the_users_priority_is_followed():
     done = run_a_loader(env={**tbb_env(), "NUMBA_THREADING_LAYER_PRIORITY": "tbb omp workqueue"})
+    assert done.stdout.split() == ["tbb"], done.stdout
+
+
+def test_an_order_set_in_numbas_config_rather_than_the_environment_is_followed():
+    """``numba.config.THREADING_LAYER_PRIORITY`` set in code, where the environment
+    says nothing: pingpong follows it too (the safe layers in its order)."""
+    done = run_a_loader(env=tbb_env(), config_priority="tbb workqueue omp")
     assert done.stdout.split() == ["tbb"], done.stdout
 
 
