@@ -168,3 +168,32 @@ def test_switched_flag_is_the_one_numbas_launch_configuration_checks() -> None:
         assert configure() == []
     assert configure() == outside
     assert [m.CUDA_LOW_OCCUPANCY_WARNINGS for m in kc._OCCUPANCY_CONFIGS] == flags_before
+
+
+def test_the_switch_puts_back_the_saved_value_but_keeps_one_set_meanwhile() -> None:
+    """:func:`pingpong.kernels.cuda._low_occupancy_warnings_off` puts back the value
+    it found -- unless someone else set the flag while it was off: theirs is kept."""
+    kc = pytest.importorskip("pingpong.kernels.cuda")
+    modules = kc._OCCUPANCY_CONFIGS
+    if not modules:
+        pytest.skip("this Numba has no CUDA_LOW_OCCUPANCY_WARNINGS")
+    before = [m.CUDA_LOW_OCCUPANCY_WARNINGS for m in modules]
+
+    def flags() -> list[object]:
+        return [m.CUDA_LOW_OCCUPANCY_WARNINGS for m in modules]
+
+    try:
+        for m in modules:
+            m.CUDA_LOW_OCCUPANCY_WARNINGS = 1
+        with kc._low_occupancy_warnings_off():
+            assert flags() == [0] * len(modules)
+        assert flags() == [1] * len(modules)
+        for m in modules:
+            m.CUDA_LOW_OCCUPANCY_WARNINGS = 0  # the user switched the warning off ...
+        with kc._low_occupancy_warnings_off():
+            for m in modules:
+                m.CUDA_LOW_OCCUPANCY_WARNINGS = 1  # ... and on again during a launch
+        assert flags() == [1] * len(modules)
+    finally:
+        for m, value in zip(modules, before, strict=True):
+            m.CUDA_LOW_OCCUPANCY_WARNINGS = value
