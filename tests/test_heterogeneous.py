@@ -139,8 +139,11 @@ class CountingCPUDevice(CPUDevice):
         (lambda i, o: (i, o["paper"]), pingpong.IdTypeError, "output_nodes must be a dict"),
         (lambda i, o: ({**i, "paper": i["paper"].float()}, o), pingpong.IdTypeError,
          "input_nodes['paper'] must have dtype"),
+        (lambda i, o: ({**i, "author": i["author"].tolist()}, o), pingpong.IdTypeError,
+         "input_nodes['author'] must be a torch.Tensor or numpy array, got list"),
     ],
-    ids=["author-range", "label-range", "ids-not-dict", "outputs-not-dict", "float-ids"],
+    ids=["author-range", "label-range", "ids-not-dict", "outputs-not-dict", "float-ids",
+         "list-ids"],
 )
 @pytest.mark.parametrize("device_kind", ["counting-cpu", "fake"])
 def test_bad_typed_ids_are_refused_before_any_table_is_read(bad: Any, exc: type, needle: str,

@@ -346,20 +346,27 @@ def test_loader_uses_numba_once_warm(monkeypatch):
     assert calls  # the Numba kernel gathered every batch
 
 
-def test_a_failed_warm_up_does_not_break_the_loader(monkeypatch):
+def _break_the_warm_up_and_count(monkeypatch, ready: str, kernel: str) -> list[int]:
+    """Make ``warm_up_cpu`` fail, with nothing made ready (``cpu_kernels.<ready>``
+    emptied); return a list that each call of ``cpu_device.<kernel>`` appends to."""
     def broken(*args, **kwargs):
         raise RuntimeError("warm-up broke")
 
     monkeypatch.setattr(cpu_device, "warm_up_cpu", broken)
-    monkeypatch.setattr(cpu_kernels, "_ready", set())  # nothing was made ready
-    calls = []
-    real = cpu_device.gather_rows_cpu_unchecked
+    monkeypatch.setattr(cpu_kernels, ready, set())
+    calls: list[int] = []
+    real = getattr(cpu_device, kernel)
 
     def counting(*args):
         calls.append(1)
         return real(*args)
 
-    monkeypatch.setattr(cpu_device, "gather_rows_cpu_unchecked", counting)
+    monkeypatch.setattr(cpu_device, kernel, counting)
+    return calls
+
+
+def test_a_failed_warm_up_does_not_break_the_loader(monkeypatch):
+    calls = _break_the_warm_up_and_count(monkeypatch, "_ready", "gather_rows_cpu_unchecked")
     features = torch.randn(800, 24)
     labels = torch.arange(800)
     triples = make_triples(800, 5)
@@ -395,19 +402,8 @@ def test_a_failed_warm_up_leaves_the_positioned_gather_to_the_kernel(monkeypatch
     from test_local_rows import N, PartitionedRows
     from test_reliability import SeqSource, make_table, seq_triples
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("warm-up broke")
-
-    monkeypatch.setattr(cpu_device, "warm_up_cpu", broken)
-    monkeypatch.setattr(cpu_kernels, "_ready_at", set())  # nothing was made ready
-    calls = []
-    real = cpu_device.gather_rows_at_cpu_unchecked
-
-    def counting(*args):
-        calls.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(cpu_device, "gather_rows_at_cpu_unchecked", counting)
+    calls = _break_the_warm_up_and_count(monkeypatch, "_ready_at",
+                                         "gather_rows_at_cpu_unchecked")
     features = make_table(N, (16,))
     triples = seq_triples(N, 4)
     with pingpong.PingPongLoader(SeqSource(triples, shuffle=False), PartitionedRows(features),
