@@ -54,7 +54,9 @@ def _layer_initialised() -> bool:
 
 def _safe_layers_in_order() -> tuple[str, ...]:
     """The thread-safe layers in the order to try them: the user's, if they set
-    Numba's ``THREADING_LAYER_PRIORITY`` (environment or config), else omp, tbb."""
+    Numba's ``THREADING_LAYER_PRIORITY`` -- in the environment, or in
+    ``numba.config`` to an order other than Numba's default (a config set to
+    exactly the default cannot be told from no choice) -- else omp, tbb."""
     priority = list(numba.config.THREADING_LAYER_PRIORITY)
     if "NUMBA_THREADING_LAYER_PRIORITY" in os.environ or priority != _NUMBAS_DEFAULT_PRIORITY:
         return tuple(layer for layer in priority if layer in _SAFE_LAYERS)
