@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     from pingpong.kernels._warmup import WarmUpThread
 
 
+def wait_until(predicate: Any, timeout: float) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.005)
+    return bool(predicate())
+
+
 def pingpong_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("pingpong-")]
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import make_triples
-from test_reliability_lifecycle import producer_threads, wait_until
+from conftest import make_triples, wait_until
+from test_reliability_lifecycle import producer_threads
 
 import pingpong
 from pingpong import PingPongLoader

@@ -101,15 +101,21 @@ def test_pingpong_run_delivered_its_batches_and_both_saw_as_many(
     assert len(plain_result["losses"]) == len(pingpong_result["losses"]) == EPOCHS * per_epoch
 
 
-def test_link_without_dgl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    """Without DGL (here: hidden from the import system) the script says so in one line."""
+@pytest.fixture
+def link(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The example's module (its helpers, tested without a training run)."""
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import train_link
 
+    return train_link
+
+
+def test_link_without_dgl_is_a_clear_error(link: Any, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Without DGL (here: hidden from the import system) the script says so in one line."""
     monkeypatch.setitem(sys.modules, "dgl", None)  # find_spec("dgl") -> None
     with pytest.raises(SystemExit) as exc:
-        train_link.main([])
+        link.main([])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1, err
@@ -122,26 +128,14 @@ def test_link_without_dgl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch,
     ["--num-buffers", "1"], ["--gather", "zerocopy"], ["--gather", "device"],
     ["--json", "/no/such/folder/run.json"], ["--fanouts", "10,0"],
 ])
-def test_link_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+def test_link_bad_flags_are_argparse_errors(argv: list[str], link: Any,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     """Refused by the parser, before any training: one slot (ping-pong needs two), a
     GPU gather mode on the CPU, a ``--json`` file in a missing folder."""
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_link
-
     with pytest.raises(SystemExit) as exc:
-        train_link.main(argv)
+        link.main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
-
-
-@pytest.fixture
-def link(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The example's module (its helpers, tested without a training run)."""
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_link
-
-    return train_link
 
 
 def _tiny_split(link: Any, *flags: str) -> tuple[Any, Any]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import wait_for_no_pingpong_threads
+from conftest import wait_for_no_pingpong_threads, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -451,10 +451,10 @@ def test_a_producer_that_took_a_slot_before_the_epoch_ended_writes_nothing_into_
         it = iter(loader)
         epoch = it._epoch
         next(it)  # batch 0, in slot 0
-        _wait_until(lambda: device.calls["gather"] == 2, "batch 1 was never gathered")
+        assert wait_until(lambda: device.calls["gather"] == 2, 10.0), "batch 1 was never gathered"
         with epoch.write_lock:  # once batch 1's fill (in slot 1) has let go of it
             next(it)  # hands slot 0 back, returns batch 1
-            _wait_until(epoch.free_q.empty, "the producer never took the free slot")
+            assert wait_until(epoch.free_q.empty, 10.0), "the producer never took the free slot"
             epoch.end(epoch_module.EpochState.CLOSED)  # ... and the epoch ends under it
         loader.close()  # retires the epoch: its producer has left
         assert not epoch.producer_alive()
@@ -473,13 +473,6 @@ def test_the_fake_devices_streams_delay_their_work():
     finally:
         device.close()
     assert device.copy_stream.delay() == 0.0
-
-
-def _wait_until(condition: Any, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.001)
 
 
 def _broken(device: FakeAsyncDevice, how: str) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import default_sigint, wait_for_no_pingpong_threads
+from conftest import default_sigint, wait_for_no_pingpong_threads, wait_until
 from test_reliability import (
     DEVICE_KINDS,
     Expected,
@@ -61,15 +61,6 @@ def settled_thread_count() -> int:
     assert wait_until(lambda: not any(t.name.startswith("pingpong-warmup")
                                       for t in threading.enumerate()), 30.0)
     return threading.active_count()
-
-
-def wait_until(predicate: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return bool(predicate())
 
 
 # -- 5. early exit -----------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import wait_until
 from test_reliability import (
     CUDA_MODE_KINDS,
     Expected,
@@ -28,7 +29,7 @@ from test_reliability import (
     make_table,
     seq_triples,
 )
-from test_reliability_lifecycle import producer_threads, wait_until
+from test_reliability_lifecycle import producer_threads
 
 import pingpong
 from pingpong import PingPongLoader, _lifecycle, _rpc, rowsource
