@@ -6,6 +6,7 @@ import importlib.util
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,15 @@ SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "train_rating.py"
 HAVE_DGL = importlib.util.find_spec("dgl") is not None
 TINY = ["--num-users", "1500", "--num-items", "400", "--ratings-per-user", "8",
         "--batch-size", "256", "--epochs", "3", "--hidden", "32"]
+
+
+@pytest.fixture
+def rating(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The example's module (its helpers, tested without a training run)."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rating
+
+    return train_rating
 
 
 @pytest.mark.slow  # two subprocess runs (~8 s each)
@@ -31,14 +41,11 @@ def test_rating_model_learns_through_either_loader(tmp_path: Path, loader: str) 
     assert result["test_rmse"] < 0.85 * result["mean_rmse"]
 
 
-def test_rating_without_dgl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rating_without_dgl_is_a_clear_error(rating: Any) -> None:
     if HAVE_DGL:
         pytest.skip("DGL is installed")
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rating
-
     with pytest.raises(SystemExit) as exc:
-        train_rating.main([])
+        rating.main([])
     assert exc.value.code == 2
 
 
@@ -51,13 +58,10 @@ def test_rating_without_dgl_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     # no validation ratings: "Val RMSE 0.0000" read as perfect (an examples review)
     ["--num-users", "2", "--num-items", "1", "--ratings-per-user", "1"],
 ])
-def test_rating_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+def test_rating_bad_flags_are_argparse_errors(argv: list[str], rating: Any,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rating
-
     with pytest.raises(SystemExit) as exc:
-        train_rating.main(argv)
+        rating.main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
 
@@ -65,25 +69,22 @@ def test_rating_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pyte
 @pytest.mark.dgl
 @pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
 def test_rating_splits_are_disjoint_and_flags_reach_the_loader(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        rating: Any) -> None:
     """No rating is both trained on and scored; ``--num-buffers`` and the producer
     flags are the loader's."""
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rating
-
-    data = train_rating.make_rating_graph(100, 30, 5, 8, 0)
+    data = rating.make_rating_graph(100, 30, 5, 8, 0)
     splits = [data.train_eids, data.val_eids, data.test_eids]
     assert torch.cat(splits).sort().values.tolist() == list(range(len(data.ratings)))
     assert [len(s) for s in splits] == [400, 50, 50]
-    args = train_rating.build_parser().parse_args(
+    args = rating.build_parser().parse_args(
         ["--num-buffers", "3", "--sampler-threads", "1", "--producer-nice", "5"])
-    loader = train_rating.make_loader(args, data, data.val_eids, shuffle=False)
+    loader = rating.make_loader(args, data, data.val_eids, shuffle=False)
     try:
         assert (loader.num_buffers, loader.sampler_threads, loader.producer_nice) == (3, 1, 5)
         batch = next(iter(loader))
         import dgl
 
-        eids = batch.pair_graph.edges[train_rating.RATES].data[dgl.EID]
+        eids = batch.pair_graph.edges[rating.RATES].data[dgl.EID]
         assert torch.equal(batch.y["rates"], data.ratings[eids])
     finally:
         loader.close()

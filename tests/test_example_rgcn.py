@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,15 @@ HAVE_DGL = importlib.util.find_spec("dgl") is not None
 TINY = ["--num-papers", "2000", "--num-authors", "600", "--num-fields", "16",
         "--batch-size", "128", "--epochs", "3", "--hidden", "32"]
 CHANCE = 1 / 8
+
+
+@pytest.fixture
+def rgcn(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The example's module (its helpers, tested without a training run)."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import train_rgcn
+
+    return train_rgcn
 
 
 @pytest.mark.slow  # two subprocess runs (~10 s each)
@@ -37,14 +47,11 @@ def test_rgcn_learns_through_either_loader(tmp_path: Path, loader: str) -> None:
 
 
 def test_rgcn_without_dgl_is_a_clear_error(tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+                                           rgcn: Any) -> None:
     if HAVE_DGL:
         pytest.skip("DGL is installed")
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rgcn
-
     with pytest.raises(SystemExit) as exc:
-        train_rgcn.main([])
+        rgcn.main([])
     assert exc.value.code == 2
 
 
@@ -60,27 +67,21 @@ def test_rgcn_without_dgl_is_a_clear_error(tmp_path: Path,
     pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
         torch.cuda.is_available(), reason="CUDA is available here")),
 ])
-def test_rgcn_bad_flags_are_argparse_errors(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+def test_rgcn_bad_flags_are_argparse_errors(argv: list[str], rgcn: Any,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rgcn
-
     with pytest.raises(SystemExit) as exc:
-        train_rgcn.main(argv)
+        rgcn.main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
 
 
 @pytest.mark.dgl
 @pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
-def test_fewer_fields_and_authors_than_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fewer_fields_and_authors_than_classes(rgcn: Any) -> None:
     """A node type with fewer nodes than ``--num-classes`` (3 fields, 5 authors, 8
     classes): classes that type lacks link to any of its nodes, instead of the
     generator failing on an empty pool."""
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rgcn
-
-    data = train_rgcn.make_mag_like(400, 5, 3, 8, 8, 0)
+    data = rgcn.make_mag_like(400, 5, 3, 8, 8, 0)
     assert [data.graph.num_nodes(t) for t in ("paper", "author", "field")] == [400, 5, 3]
     _, fields = data.graph.edges(etype="in_field")
     _, papers = data.graph.edges(etype="writes")
@@ -91,20 +92,17 @@ def test_fewer_fields_and_authors_than_classes(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.dgl
 @pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
 def test_the_relational_layer_computes_what_dgls_hetero_graph_conv_does(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        rgcn: Any) -> None:
     """The example's plain-torch layer on HeteroEdgeBlocks against DGL's
     ``HeteroGraphConv({rel: SAGEConv(.., "mean")}, aggregate="sum")`` with the same
     weights, on sampled two-layer blocks of the example's graph."""
     import dgl
     import dgl.nn as dglnn
 
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rgcn
-
-    data = train_rgcn.make_mag_like(400, 120, 6, 8, 4, 0)
+    data = rgcn.make_mag_like(400, 120, 6, 8, 4, 0)
     g = data.graph
     torch.manual_seed(0)
-    ours = train_rgcn.RelationalSAGE(g.etypes, 5, 3)
+    ours = rgcn.RelationalSAGE(g.etypes, 5, 3)
     theirs = dglnn.HeteroGraphConv({r: dglnn.SAGEConv(5, 3, "mean") for r in g.etypes},
                                    aggregate="sum")
     with torch.no_grad():
@@ -130,14 +128,11 @@ def test_the_relational_layer_computes_what_dgls_hetero_graph_conv_does(
 
 @pytest.mark.dgl
 @pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
-def test_rgcn_loader_flags_reach_the_loader(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rgcn
-
-    data = train_rgcn.make_mag_like(200, 50, 4, 8, 4, 0)
-    args = train_rgcn.build_parser().parse_args(
+def test_rgcn_loader_flags_reach_the_loader(rgcn: Any) -> None:
+    data = rgcn.make_mag_like(200, 50, 4, 8, 4, 0)
+    args = rgcn.build_parser().parse_args(
         ["--num-buffers", "3", "--sampler-threads", "1", "--producer-nice", "5"])
-    loader = train_rgcn.make_loader(args, data, data.val_idx, shuffle=False)
+    loader = rgcn.make_loader(args, data, data.val_idx, shuffle=False)
     try:
         assert (loader.num_buffers, loader.sampler_threads, loader.producer_nice) == (3, 1, 5)
     finally:
@@ -147,17 +142,14 @@ def test_rgcn_loader_flags_reach_the_loader(monkeypatch: pytest.MonkeyPatch) -> 
 @pytest.mark.dgl
 @pytest.mark.skipif(not HAVE_DGL, reason="needs DGL")
 def test_featureless_node_types_are_embedded_by_their_global_ids(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        rgcn: Any) -> None:
     """Authors and fields enter the model through ``embed[ntype]`` rows of the
     batch's ``input_nodes``: no other row changes the output."""
     import dgl
 
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import train_rgcn
-
-    data = train_rgcn.make_mag_like(400, 300, 300, 8, 4, 0)
+    data = rgcn.make_mag_like(400, 300, 300, 8, 4, 0)
     torch.manual_seed(0)
-    model = train_rgcn.RGCN(data, 8, 2, dropout=0.0).eval()
+    model = rgcn.RGCN(data, 8, 2, dropout=0.0).eval()
     source = dgl.dataloading.DataLoader(data.graph, {"paper": data.train_idx[:8]},
                                         dgl.dataloading.NeighborSampler([3, 3]), batch_size=8)
     input_nodes, _, blocks = next(iter(source))
