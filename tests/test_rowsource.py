@@ -257,9 +257,17 @@ def test_a_fetch_of_the_wrong_dtype_is_a_table_error():
                                  "__getitem__": lambda self, i: None})(), r"\(100, 4\.7\)"),
         (type("WholeFloatWidth", (), {"shape": (100, 4.0), "dtype": torch.float32,
                                       "__getitem__": lambda self, i: None})(), r"\(100, 4\.0\)"),
+        (type("BoolWidth", (), {"shape": (100, True), "dtype": torch.float32,
+                                "__getitem__": lambda self, i: None})(), r"\(100, True\)"),
+        (type("ZeroWidth", (), {"shape": (100, 0), "dtype": torch.float32,
+                                "__getitem__": lambda self, i: None})(),
+         r"features is empty \(shape \(100, 0\)\)"),
+        (type("Quantized", (), {"shape": (100, 4), "dtype": torch.qint8,
+                                "__getitem__": lambda self, i: None})(),
+         r"row source of quantized rows \(torch.qint8\)"),
     ],
     ids=["dtype-not-torch", "empty", "int-shape", "negative-width", "negative-rows",
-         "float-width", "whole-float-width"],
+         "float-width", "whole-float-width", "bool-width", "zero-width", "quantized"],
 )
 def test_bad_row_sources_are_refused_at_construction(bad: Any, needle: str):
     with pytest.raises(pingpong.TableError, match=needle):
@@ -649,3 +657,90 @@ def test_a_loader_built_in_a_distdgl_client_takes_the_rpc_turn_first(monkeypatch
     assert not builder.is_alive()
     assert exact == [True] * 40
     assert built
+
+
+def test_only_an_object_with_a_callable_getitem_that_is_no_array_is_a_row_source():
+    """A tensor or a NumPy array has shape, dtype and ``[ids]`` too, but is a host table
+    (an array read as a row source was refused: its dtype is no torch.dtype); an object
+    with shape and dtype whose ``__getitem__`` is not callable is no row source, refused
+    at construction rather than failing at its first fetch."""
+    table = make_table(N, (2,))
+    assert rowsource.is_row_source(Rows(table))
+    assert not rowsource.is_row_source(table)
+    assert not rowsource.is_row_source(table.numpy())
+    unindexable = type("Unindexable", (), {"shape": (N, 2), "dtype": torch.float32,
+                                           "__getitem__": None})()
+    assert not rowsource.is_row_source(unindexable)
+    with pytest.raises(pingpong.TableError, match=r"must be a torch.Tensor, got Unindexable$"):
+        PingPongLoader([], unindexable)
+    triples = seq_triples(N, 2)
+    with PingPongLoader(SeqSource(triples, shuffle=False), table.numpy()) as loader:
+        for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, table[inputs])
+
+
+class WrongRows(Rows):
+    """A source whose results are of another kind or shape than its ``shape`` says."""
+
+    def __init__(self, table: torch.Tensor, wrong: Any) -> None:
+        super().__init__(table)
+        self.wrong = wrong
+
+    def __getitem__(self, ids: torch.Tensor) -> Any:
+        return self.wrong(super().__getitem__(ids))
+
+
+@pytest.mark.parametrize(("wrong", "needle"), [
+    (lambda rows: rows.numpy(), r"features\[ids\] returned ndarray, not a torch.Tensor"),
+    (lambda rows: rows[:-1], r"features\[ids\] returned shape \(9, 2\) torch.float32 for 10 "
+                             r"ids; expected \(10, 2\) torch.float32"),
+    (lambda rows: rows[:, :1], r"features\[ids\] returned shape \(10, 1\) torch.float32 for "
+                               r"10 ids; expected \(10, 2\) torch.float32"),
+], ids=["ndarray", "a-row-short", "narrower-rows"])
+def test_a_fetch_of_another_kind_or_shape_is_a_table_error(wrong: Any, needle: str):
+    source = WrongRows(make_table(N, (2,)), wrong)
+    triples = [(torch.arange(10, 20), torch.arange(2), {"seq": 0})]
+    with PingPongLoader(SeqSource(triples, shuffle=False), source) as loader:
+        with pytest.raises(pingpong.TableError, match=needle):
+            next(iter(loader))
+
+
+def test_negated_view_rows_from_a_source_arrive_as_their_values():
+    """``source[ids]`` may be a lazily negated view (``.conj().imag`` of a complex
+    tensor): the batch holds its values, not the bits under the negation (a view of
+    one row is contiguous, so ``.contiguous()`` alone would keep the bit)."""
+    table = make_table(N, ())
+
+    class NegatedViews:
+        shape, dtype = tuple(table.shape), table.dtype
+
+        def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+            rows = torch.complex(torch.zeros(len(ids)), -table[ids]).conj().imag
+            assert rows.is_neg()
+            return rows
+
+    triples = [(torch.tensor([i]), torch.tensor([i]), {"seq": k})
+               for k, i in enumerate((3, 0, N - 1, 77))]
+    with PingPongLoader(SeqSource(triples, shuffle=False), NegatedViews()) as loader:
+        for batch, (ids, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, table[ids])
+            assert not batch.x.is_neg()
+
+
+def test_non_contiguous_rows_from_a_source_arrive_as_their_values():
+    """``source[ids]`` may be a strided view (a transposed copy, every other column):
+    the batch holds its values."""
+    table = make_table(N, (3,))
+
+    class Strided:
+        shape, dtype = tuple(table.shape), table.dtype
+
+        def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+            rows = table[ids].repeat_interleave(2, dim=1)[:, ::2]
+            assert not rows.is_contiguous()
+            return rows
+
+    triples = seq_triples(N, 3)
+    with PingPongLoader(SeqSource(triples, shuffle=False), Strided()) as loader:
+        for batch, (ids, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, table[ids])
