@@ -206,6 +206,10 @@ class Broken:
         source.part_policy.partition_book.bounds = (0, 150, 259, N)
 
     @staticmethod
+    def empty(source: PartitionedRows) -> None:
+        source.local_partition = source.local_partition[:0]
+
+    @staticmethod
     def no_to_local(source: PartitionedRows) -> None:
         source.part_policy.to_local = None  # type: ignore[assignment]
 
@@ -230,6 +234,7 @@ class Broken:
     (Broken.size_differs, "get_part_size() is 110, local_partition has 109 rows"),
     (Broken.book_size_differs, "part_policy.partition_book lists 109 ids for partition 1, "
                                "local_partition has 110 rows"),
+    (Broken.empty, "local_partition is empty"),
     (Broken.no_to_local, "part_policy has no to_partid/to_local"),
     (Broken.raises, "reading it raised KeyError('feat')"),
 ])
@@ -242,6 +247,10 @@ def test_an_unusable_local_part_is_fetched_whole_and_logged(break_it, reason, ca
         loader = PingPongLoader(SeqSource(triples, shuffle=False), source)
     assert any(reason in r.getMessage() and "features" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+    # a reason found by looking, not an exception's message (pingpong's own refusal
+    # of the table, say, which names it too)
+    raised = any("reading it raised" in r.getMessage() for r in caplog.records)
+    assert raised == (break_it is Broken.raises)
     with loader:
         for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
             assert torch.equal(batch.x, features[inputs])
@@ -501,6 +510,16 @@ class NotARange:
         policy.partition_book.bounds = (0, 151, 261, N)
 
     @staticmethod
+    def reordered(policy: BookedPolicy) -> None:  # the book's ends and size, 200 and 201 swapped
+        ids = torch.arange(150, 260)
+        ids[[50, 51]] = ids[[51, 50]]
+        policy.partition_book.partid2nids = lambda partid, ntype: ids  # type: ignore[method-assign]
+
+    @staticmethod
+    def narrower(policy: BookedPolicy) -> None:  # the policy's partition lacks 259
+        policy.bounds = torch.tensor((0, 150, 259, N))
+
+    @staticmethod
     def wider(policy: BookedPolicy) -> None:  # the policy's partition also holds 149
         policy.bounds = torch.tensor((0, 149, 260, N))
         policy.to_local_shift = -1  # ... and still maps 150 to row 0
@@ -527,7 +546,8 @@ class NotARange:
 
 @pytest.mark.parametrize("break_it", [NotARange.gap, NotARange.unsorted, NotARange.shifted,
                                       NotARange.wider, NotARange.other_size, NotARange.offset_rows,
-                                      NotARange.raises, NotARange.edges],
+                                      NotARange.raises, NotARange.edges, NotARange.reordered,
+                                      NotARange.narrower],
                          ids=lambda f: f.__name__)
 def test_no_range_unless_the_book_and_the_policy_agree_on_one(break_it):
     policy = BookedPolicy(BOUNDS, 1)
@@ -610,3 +630,99 @@ def test_fetched_rows_that_require_grad_are_refused_as_without_a_local_part():
         with pytest.raises(pingpong.TableError,
                            match=r"features\[ids\] returned rows that require grad"):
             next(iter(loader))
+
+
+@pytest.mark.parametrize(("shift", "inputs", "bad_row"), [
+    (1, [0, 258, 259, 300], 110),  # the last local id one row past the end
+    (-1, [0, 150, 151, 300], -1),  # the first local id one row before the start
+], ids=["one-past-the-end", "one-before-the-start"])
+def test_a_policy_one_row_off_the_local_rows_is_refused_before_any_read(shift, inputs,
+                                                                         bad_row):
+    """The edges of the check before the kernel reads: row ``len(local_partition)``
+    and row -1 are outside, named in the TableError."""
+    source = PartitionedRows(make_table(N, (4,)))
+    source.part_policy.to_local_shift = shift
+    triples = [(torch.tensor(inputs), torch.tensor([0]), {"seq": 0})]
+    with PingPongLoader(SeqSource(triples, shuffle=False), source, debug=True) as loader:
+        with pytest.raises(pingpong.TableError,
+                           match=rf"maps an id of partition 1 to row {bad_row}, "
+                                 r"outside its 110 local rows"):
+            next(iter(loader))
+        assert loader.stats["rows_read_in_place"] == 0
+
+
+def test_a_policy_whose_to_local_returns_too_few_rows_is_refused():
+    source = PartitionedRows(make_table(N, (4,)))
+    real = source.part_policy.to_local
+    source.part_policy.to_local = lambda ids: real(ids)[:-1]  # type: ignore[method-assign]
+    triples = [(torch.tensor([0, 150, 200, 259, 300]), torch.tensor([0]), {"seq": 0})]
+    with PingPongLoader(SeqSource(triples, shuffle=False), source) as loader:
+        with pytest.raises(pingpong.TableError,
+                           match=r"part_policy.to_local returned 2 rows for 3 ids"):
+            next(iter(loader))
+
+
+def test_a_source_without_a_part_policy_is_fetched_without_a_word(caplog):
+    """A ``local_partition`` without a ``part_policy`` is no local part: the
+    source is fetched whole, and nothing is logged -- there is nothing to read in place,
+    rather than a local part pingpong could not use."""
+    features = make_table(N, (4,))
+    source = PartitionedRows(features)
+    del source.part_policy
+    triples = seq_triples(N, 3)
+    with caplog.at_level(logging.DEBUG, logger="pingpong.rowsource"):
+        loader = PingPongLoader(SeqSource(triples, shuffle=False), source)
+    assert [r.getMessage() for r in caplog.records] == []
+    with loader:
+        for batch, (inputs, _o, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, features[inputs])
+        assert loader.stats["rows_read_in_place"] == 0
+
+
+@pytest.mark.parametrize("part_id", [0, 2], ids=["first", "last"])
+def test_the_range_of_an_edge_partition_asks_the_policy_about_no_id_outside_the_table(part_id):
+    """At the first (last) partition the id before (after) the range is no id: a policy
+    that refuses it, as DGL's may, still gives the range."""
+    policy = BookedPolicy(BOUNDS, part_id)
+    real = policy.to_partid
+
+    def to_partid_of_ids_only(ids: torch.Tensor) -> torch.Tensor:
+        if bool(((ids < 0) | (ids >= N)).any()):
+            raise IndexError(f"no ids {ids.tolist()} among {N}")
+        return real(ids)
+
+    policy.to_partid = to_partid_of_ids_only  # type: ignore[method-assign]
+    lo, hi = BOUNDS[part_id], BOUNDS[part_id + 1]
+    assert local_id_range(policy, hi - lo, N) == (lo, hi)
+
+
+class NoLocalRowsDevice(CPUDevice):
+    """A device without :meth:`place_rows` support, as :class:`~pingpong.devices.base.Device`
+    says by default: a row source's local rows are then fetched like the others."""
+
+    @property
+    def supports_local_rows(self) -> bool:
+        return False
+
+
+def test_a_device_without_local_rows_fetches_the_local_part_too():
+    triples = seq_triples(N, 6)
+    features, labels = make_table(N, (3,)), make_table(N, (), torch.int64)
+    x_source, y_source = booked_rows(features), PartitionedRows(labels)
+    with PingPongLoader(SeqSource(triples, shuffle=False), x_source, y_source,
+                        device=NoLocalRowsDevice()) as loader:
+        for batch, (inputs, outputs, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, features[inputs])
+            assert torch.equal(batch.y, labels[outputs])
+        assert loader.stats["rows_read_in_place"] == 0
+    for source, which in ((x_source, 0), (y_source, 1)):
+        asked = torch.cat(source.asked)
+        assert torch.equal(asked, torch.cat([t[which] for t in triples]))
+    # the local part is not consulted either
+    table = make_remote_table(booked_rows(features), "features")
+    ids = np.array([0, 150, 259, 300], dtype=np.int64)
+    fetched = table.fetch_split(ids, read_local=False)
+    assert fetched.positions is None
+    assert len(fetched.local_rows) == 0
+    assert fetched.rows is not None
+    assert torch.equal(fetched.rows, features[torch.from_numpy(ids)])
