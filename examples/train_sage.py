@@ -486,7 +486,8 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
 
     ``report`` (with ``--dump-batches``): filled with every step's output node
     ids, per epoch, digests of every step's gradients and weights and of the
-    trained weights, and what :class:`BatchCheck` found (``batch_check``).
+    trained weights, what :class:`BatchCheck` found (``batch_check``) and how
+    many evaluation batches this rank ran (``eval_batches``: 0 but on rank 0).
     """
     ranks = ranks or Rank()
     log = print if ranks.leader else _quiet
@@ -574,6 +575,10 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
                           step_sha256=step_sha256, batch_check=check.summary())
         test_acc = evaluate(model, test_loader, args, device) if test_loader is not None else 0.0
         log(f"Test Acc: {test_acc:.4f}", flush=True)
+        if report is not None and check is not None:  # the evaluation batches this rank ran
+            report["eval_batches"] = sum(int(loader.stats["batches"])
+                                         for loader in (val_loader, test_loader)
+                                         if loader is not None)
         stats = dict(train_loader.stats)
     finally:
         for loader in (train_loader, val_loader, test_loader):

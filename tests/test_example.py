@@ -54,6 +54,10 @@ def assert_every_batch_checked(dump: Path, world_size: int, batches: int) -> Non
         stem = dump.stem if world_size == 1 else f"{dump.stem}.rank{rank}"
         meta = json.loads(dump.with_name(f"{stem}.meta.json").read_text())
         assert (meta["rank"], meta["world_size"]) == (rank, world_size)
+        if rank > 0:  # rank 0 alone evaluates
+            assert meta["eval_batches"] == 0
+        else:
+            assert meta["eval_batches"] > 0
         assert sum(len(epoch) for epoch in meta["output_nodes"]) == batches
         assert meta["batch_check"] == {"batches_checked": batches, "batches_differing": 0,
                                        "first_differing": []}, f"rank {rank}"

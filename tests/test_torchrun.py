@@ -62,6 +62,9 @@ ARGS = ["--sampler", "builtin", "--num-nodes", "4010", "--num-classes", "4",
         "--hidden", "32", "--epochs", str(EPOCHS), "--lr", "0.01", "--log-every", "10",
         "--eval-batch-size", "512"]
 CHANCE = 1 / 4
+# Rank 0 alone evaluates: 200 validation nodes after each epoch, then 401 test
+# nodes, batches of 512 -- one batch each time.
+EVAL_BATCHES = EPOCHS + 1
 
 pytestmark = [
     pytest.mark.skipif(not sys.platform.startswith("linux") or not SHM.is_dir(),
@@ -185,6 +188,8 @@ def check_shares_and_weights(reports: list[dict[str, Any]], train_idx: list[int]
     """The ranks split every epoch DistributedSampler-style and end with the same weights."""
     assert [r["rank"] for r in reports] == list(range(WORLD_SIZE))
     assert {r["world_size"] for r in reports} == {WORLD_SIZE}
+    # Rank 0 alone evaluated (the others waited in a barrier).
+    assert [r["eval_batches"] for r in reports] == [EVAL_BATCHES] + [0] * (WORLD_SIZE - 1)
     n = len(train_idx)
     per_rank = math.ceil(n / WORLD_SIZE)
     assert n % WORLD_SIZE, "the job must exercise padding"
