@@ -336,6 +336,8 @@ def test_the_launch_is_read_from_torchruns_environment(train_sage: Any) -> None:
     ({"RANK": "1"}, "not WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT"),
     (dict(TORCHRUN_ENV, MASTER_PORT=""), "not MASTER_PORT"),
     (dict(TORCHRUN_ENV, RANK="2"), "inconsistent"),
+    (dict(TORCHRUN_ENV, LOCAL_RANK="2"), "inconsistent"),  # LOCAL_RANK = LOCAL_WORLD_SIZE
+    (dict(TORCHRUN_ENV, LOCAL_WORLD_SIZE="3"), "inconsistent"),  # more than WORLD_SIZE
     (dict(TORCHRUN_ENV, LOCAL_RANK="x"), "integers"),
 ])
 def test_a_partial_or_inconsistent_environment_is_refused(train_sage: Any, env: dict[str, str],
@@ -360,3 +362,45 @@ def test_flags_that_do_not_fit_the_launch_are_argparse_errors(
         train_sage.main([*ARGS, *argv])
     assert exc.value.code == 2
     assert match in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the shared files
+def test_a_shared_table_file_replaces_a_stale_one_and_is_checked_when_mapped(
+        train_sage: Any, tmp_path: Path) -> None:
+    """The writer replaces a file a crashed run of the same job left; a rank maps the
+    file (the same pages, not a copy) only if it holds exactly the table it loaded."""
+    table = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    path = tmp_path / "job.features"
+    path.write_bytes(b"left by a crashed run")
+    written = train_sage.write_shared_table(path, table)
+    assert path.stat().st_size == 48
+    assert torch.equal(written, table)
+    mapped = train_sage.map_shared_table(path, table)
+    assert torch.equal(mapped, table)
+    mapped[1, 2] = -7.0  # one set of pages: the writer's view sees it
+    assert float(written[1, 2]) == -7.0
+    mapped[1, 2] = 5.0
+    other = table.clone()
+    other[3, 2] = 0.5  # one element differs: another job's or another dataset's table
+    with pytest.raises(ValueError, match="differs from the table this rank loaded"):
+        train_sage.map_shared_table(path, other)
+    for rows in (3, 5):  # a file of another size is refused, whichever way it differs
+        with pytest.raises(ValueError, match=rf"holds 48 bytes, but a torch.float32 table "
+                                             rf"of shape \({rows}, 3\) takes {rows * 12}"):
+            train_sage.map_shared_table(path, torch.zeros(rows, 3))
+
+
+def test_shared_table_files_go_under_shm_dir(train_sage: Any, tmp_path: Path) -> None:
+    """``--shm-dir`` names the folder; the default is /dev/shm. The names carry the
+    job (master address and port) and the machine's first rank."""
+    launch = train_sage.launch_from_env(dict(TORCHRUN_ENV, RANK="3", WORLD_SIZE="4",
+                                             LOCAL_RANK="1"))
+    parser = train_sage.build_parser()
+    for argv, folder in (([], SHM), (["--shm-dir", str(tmp_path)], tmp_path)):
+        paths = train_sage.shared_table_paths(parser.parse_args([*ARGS, *argv]), launch, 2)
+        assert sorted(paths) == ["features", "labels"]
+        for name, path in paths.items():
+            assert path.parent == folder
+            assert path.name.startswith(f"pingpong-train_sage-u{os.getuid()}-none-127.0.0.1-"
+                                        "29500-rank2-")
+            assert path.suffix == f".{name}"
