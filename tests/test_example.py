@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -239,6 +240,73 @@ def test_bad_flags_are_argparse_errors(script: Any, argv: list[str],
         script.main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sampler", [
+    "builtin",
+    pytest.param("dgl", marks=[pytest.mark.dgl,
+                               pytest.mark.skipif(not HAVE_DGL, reason="DGL is not installed")]),
+])
+def test_the_batch_check_names_every_wrong_batch(script: Any, sampler: str) -> None:
+    """``--dump-batches``' ``BatchCheck`` (what the DDP and torchrun tests rely on when
+    they find no differing batch): a right batch passes; each wrong one is counted and
+    named -- x or y one element off or of another dtype, a layer missing, the layers
+    reversed or not chained, output nodes that are not the input nodes' prefix and, for DGL blocks,
+    ``dgl.NID`` ids that are not the batch's."""
+    import torch
+    from _batch_check import BatchCheck
+
+    from pingpong.blocks import as_edge_block
+
+    args = script.build_parser().parse_args([*TINY, "--sampler", sampler])
+    data = script.load_dataset(args)
+    loader = script.SyncLoader(
+        script.make_source(data, args, data.train_idx, args.batch_size, shuffle=False),
+        data.features, data.labels, torch.device("cpu"))
+    right, second = itertools.islice(loader, 2)
+    # the second batch's last layer: as many destination nodes, other source nodes
+    spliced = [right.blocks[0], second.blocks[1]]
+    assert len(second.output_nodes) == len(right.output_nodes)
+    assert (as_edge_block(second.blocks[1]).num_src_nodes
+            != as_edge_block(right.blocks[0]).num_dst_nodes)
+    x, y = right.x.clone(), right.y.clone()
+    x[3, 1] += 1
+    y[5] = (y[5] + 1) % data.num_classes
+    rolled = right.input_nodes.roll(1)
+    wrong = [
+        (right._replace(x=x), ["x"]),
+        (right._replace(x=right.x.view(torch.int32)), ["x"]),  # the same bytes
+        (right._replace(y=y), ["y"]),
+        (right._replace(y=right.y.view(torch.float64)), ["y"]),  # the same bytes
+        (right._replace(blocks=right.blocks[1:]), ["blocks"]),
+        (right._replace(blocks=right.blocks[::-1]), ["blocks"]),
+        (right._replace(blocks=spliced), ["blocks"]),  # the layers do not chain
+        # the rows fit the ids, but the output nodes are no longer the input nodes' prefix
+        (right._replace(input_nodes=rolled, x=data.features[rolled]), ["blocks"]),
+        (right._replace(x=x, y=y, blocks=right.blocks[1:]), ["x", "y", "blocks"]),
+    ]
+    if sampler == "dgl":
+        import dgl
+
+        other = next(iter(loader))  # a batch of its own: its first block's src ids are
+        first = other.blocks[0]  # moved by one place, everything else is right
+        first.srcdata[dgl.NID] = first.srcdata[dgl.NID].roll(1)
+        wrong.append((other, ["blocks"]))
+    check = BatchCheck(data.features, data.labels, len(args.fanouts))
+    check(0, 0, right)
+    for step, (batch, _) in enumerate(wrong, start=1):
+        check(0, step, batch)
+    check(1, 0, right)
+    assert check.summary() == {
+        "batches_checked": len(wrong) + 2, "batches_differing": len(wrong),
+        "first_differing": [{"epoch": 0, "step": step, "differs": differs}
+                            for step, (_, differs) in enumerate(wrong, start=1)]}
+    # A right batch of two layers, checked as one of three: its blocks do not fit.
+    deeper = BatchCheck(data.features, data.labels, len(args.fanouts) + 1)
+    deeper(0, 0, right)
+    assert deeper.summary() == {"batches_checked": 1, "batches_differing": 1,
+                                "first_differing": [{"epoch": 0, "step": 0,
+                                                     "differs": ["blocks"]}]}
 
 
 def test_fanouts_parse(script: Any) -> None:
