@@ -59,6 +59,7 @@ import argparse
 import contextlib
 import ctypes
 import datetime
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -863,6 +864,14 @@ def all_max(value: float) -> float:
     return float(t)
 
 
+def params_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 over the model's parameters, bit for bit."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def loader_stats(loader: Any) -> dict[str, float]:
     keys = ("batches", "sample_s", "fetch_s", "validate_s", "gather_s", "consumer_stall_s",
             "overlap_ratio")
@@ -925,11 +934,14 @@ def trainer_main(args: argparse.Namespace) -> None:
         stats = loader_stats(train_loader)
     test_acc = test[0] / max(test[1], 1)
     log(f"Test Acc {test_acc:.4f}", flush=True)
+    weights = [None] * tr.world_size  # every rank's: DDP keeps them equal
+    torch.distributed.all_gather_object(weights, params_sha256(model))
     if tr.leader and os.environ.get(RESULT_ENV):
         Path(os.environ[RESULT_ENV]).write_text(json.dumps({
             "loader": args.loader, "world_size": tr.world_size, "num_nodes": tr.g.num_nodes(),
             "train_nodes": int(sizes[0]), "epochs": epochs, "test_acc": test_acc,
             "train_loader_stats_rank0": stats, "pulls_rank0": features.pulls + labels.pulls,
+            "params_sha256_by_rank": weights,
         }, indent=1))
     leave_process_group(tr.rank)
 

@@ -740,12 +740,14 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
         pytest.skip(reason)
     pid_file, result = tmp_path / "pids.json", tmp_path / "result.json"
     log_dir = tmp_path / "logs" / loader  # not there yet: the launcher makes it
+    tmp = tmp_path / "tmp"  # the job's temporary folders (partition, ip_config): removed
+    tmp.mkdir()
     try:
         returncode, stdout, stderr = run_in_own_session(
             [sys.executable, str(EXAMPLE), "--loader", loader, *SMALL, "--json", str(result),
              "--pid-file", str(pid_file), "--job-timeout", "120",  # a hang shows its stacks
              "--log-dir", str(log_dir)],
-            timeout=JOB_LIMIT_S, cwd=tmp_path)
+            timeout=JOB_LIMIT_S, cwd=tmp_path, env=dict(os.environ, TMPDIR=str(tmp)))
         assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     finally:
         if pid_file.exists():
@@ -756,6 +758,17 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
     assert len(report["epochs"]) == 2
     assert all(e["steps"] > 1 for e in report["epochs"])
     assert report["test_acc"] > 0.4  # 4 classes: chance is 0.25
+    # DDP averaged the gradients: both trainers end with the same weights.
+    weights = report["params_sha256_by_rank"]
+    assert len(weights) == 2
+    assert weights[0] == weights[1]
+    # The loader asked for: only pingpong's has a producer that gathers (and may stall).
+    stats = report["train_loader_stats_rank0"]
+    assert stats["batches"] == sum(e["steps"] for e in report["epochs"])
+    assert ("gather_s" in stats, "consumer_stall_s" in stats) == (
+        (True, True) if loader == "pingpong" else (False, False))
+    # (torch's compile cache, torchinductor_USER, is torch's, kept on purpose)
+    assert sorted(p for p in tmp.iterdir() if not p.name.startswith("torchinductor_")) == []
     assert "Epoch 01 | Time(s)" in stdout
     assert "Test Acc" in stdout
     assert all((log_dir / f"server-{i}.log").stat().st_size > 0 for i in range(2))
