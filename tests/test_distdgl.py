@@ -714,6 +714,19 @@ def test_example_refuses_an_rpc_backend_dgl_lacks_before_starting_anything(
     assert not parts.exists()  # nor partitioning
 
 
+def test_example_partition_only_needs_part_dir(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--partition-only`` without ``--part-dir`` would partition into a temporary
+    folder, print its config and delete it: refused before partitioning."""
+    if (reason := distdgl_unavailable()) is not None:
+        pytest.skip(reason)
+    td = train_dist_module()
+    for name in ("DGL_ROLE", "PINGPONG_DIST_NET_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as exc:
+        td.main(["--partition-only", "--num-nodes", "400"])
+    assert exc.value.code == "--partition-only needs --part-dir"
+
+
 @pytest.mark.parametrize("argv", [
     ["--gather", "zerocopy"],
     pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
