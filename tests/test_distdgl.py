@@ -834,6 +834,11 @@ def test_example_ctrl_c_stops_every_process(tmp_path: Path) -> None:
             assert launcher.poll() is None, log.read_text(errors="replace")[-4000:]
             assert time.monotonic() < deadline, "training did not start within 120 s"
             time.sleep(0.2)
+        # Each process the launcher started leads a process group of its own: what
+        # stop() signals (a Ctrl-C in a terminal reaches the launcher's group alone).
+        entries = json.loads(pid_file.read_text())
+        assert [os.getpgid(e["pid"]) for e in entries] == [e["pgid"] for e in entries]
+        assert len({e["pgid"] for e in entries} | {os.getpgid(launcher.pid)}) == 5
         os.kill(launcher.pid, signal.SIGINT)
         returncode = launcher.wait(timeout=30)
         assert returncode == 130, log.read_text(errors="replace")[-4000:]
