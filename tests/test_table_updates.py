@@ -138,10 +138,13 @@ def test_a_table_given_new_memory_is_refused_before_any_row_is_read(how):
         assert device.gathers == gathers
 
 
-@pytest.mark.parametrize("how", ["resize_", "set_ narrower", "unsqueeze_", "data as int32"])
+@pytest.mark.parametrize("how", ["resize_", "set_ narrower", "unsqueeze_", "data as int32",
+                                 "set_ transposed strides"])
 def test_a_table_given_a_new_layout_over_the_same_memory_is_refused(how):
-    """Same memory, same row count, but another row shape or dtype: the gathers
-    would read the rows in the layout they had when the loader was built."""
+    """Same memory, same row count, but another row shape, dtype or strides: the
+    gathers would read the rows in the layout they had when the loader was built.
+    (``set_ transposed strides`` keeps shape and dtype: only the strides say that
+    row i is now elements i, N + i, ... -- caught only if strides are compared.)"""
     triples = seq_triples(N, 4)
     features = torch.randn(N, 4)
     address = features.data_ptr()
@@ -155,6 +158,9 @@ def test_a_table_given_a_new_layout_over_the_same_memory_is_refused(how):
             features.set_(features.untyped_storage(), 0, (N, 2))  # type: ignore[call-overload]
         elif how == "unsqueeze_":
             features.unsqueeze_(1)
+        elif how == "set_ transposed strides":
+            features.set_(features.untyped_storage(), 0, (N, 4), (1, N))  # type: ignore[call-overload]
+            assert features.shape == (N, 4) and features.dtype == torch.float32
         else:
             features.data = features.data.view(torch.int32)
         assert features.data_ptr() == address  # the same memory
