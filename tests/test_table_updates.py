@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_reliability import fake, seq_triples
@@ -51,6 +52,27 @@ def test_in_place_writes_between_epochs_reach_every_batch_of_the_next(device_kin
             for batch, (inputs, _, _) in zip(loader, triples, strict=True):
                 assert torch.equal(_values_seen(device, batch), features[inputs]), epoch
             features.mul_(-2).add_(1)  # after the epoch's last batch, before the next iter()
+
+
+@pytest.mark.parametrize("writeable", [True, False], ids=["writeable", "read-only view"])
+def test_a_numpy_table_is_read_in_place_so_writes_to_the_array_reach_the_next_epoch(
+        writeable):
+    """A NumPy table is wrapped, not copied (``torch.from_numpy``): writes to the
+    array between epochs are in the next epoch's batches, as for a tensor.  A
+    read-only array (``np.load(..., mmap_mode="r")``; here a read-only view of an
+    array the test writes through) is read in place too."""
+    triples = seq_triples(N, 4)
+    array = np.arange(N * 3, dtype=np.float32).reshape(N, 3)
+    table = array if writeable else array.view()
+    table.flags.writeable = writeable
+    labels = np.arange(N, dtype=np.int64)
+    with PingPongLoader(triples, table, labels) as loader:
+        for epoch in range(3):
+            for batch, (inputs, outputs, _) in zip(loader, triples, strict=True):
+                assert torch.equal(batch.x, torch.from_numpy(array)[inputs]), epoch
+                assert torch.equal(batch.y, torch.from_numpy(labels)[outputs]), epoch
+            array *= -2  # between epochs, in place, through the caller's array
+            labels += 1
 
 
 @pytest.mark.parametrize("num_buffers", [2, 3])
