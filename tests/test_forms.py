@@ -1184,6 +1184,39 @@ def test_an_edge_label_table_too_short_for_its_seed_edges_is_refused_when_built(
                        edge_labels=short, heterogeneous=True)
     with pytest.raises(pingpong.TableError, match=r"edge_labels has 10 rows, .* include id 63"):
         PingPongLoader(_edge_source(), FEATURES, edge_labels=EDGE_LABELS[:10].contiguous())
+    # the boundary: the largest seed id (63) needs row 63, so 63 rows are one short
+    with pytest.raises(pingpong.TableError, match=r"edge_labels has 63 rows, .* include id 63"):
+        PingPongLoader(_edge_source(), FEATURES, edge_labels=EDGE_LABELS[:63].contiguous())
+    just_enough = EDGE_LABELS[:64].contiguous()
+    with PingPongLoader(_edge_source(), FEATURES, edge_labels=just_enough) as loader:
+        for batch in loader:
+            assert torch.equal(batch.y, just_enough[batch.pair_graph.edata[dgl.EID]])
+
+
+@pytest.mark.parametrize("edge_label_rows", [40, NUM_EDGES])
+def test_input_nodes_are_checked_against_the_features_rows_not_the_edge_labels(
+        edge_label_rows):
+    """With edge labels the feature tables still bound the input node ids: an edge label
+    table of fewer rows than nodes refuses no input node, and one of more rows lets
+    no input node past the features' last row (an id there is an IdRangeError before
+    any row is read, not a gather beyond the table)."""
+    edge_labels = EDGE_LABELS[:edge_label_rows].contiguous()
+    items = list(dgl.dataloading.DataLoader(
+        _graph(), torch.arange(40),
+        dgl.dataloading.as_edge_prediction_sampler(dgl.dataloading.NeighborSampler([2])),
+        batch_size=20))
+    assert all(int(item[0].max()) >= 40 for item in items)  # beyond the edge label rows
+    with PingPongLoader(items, FEATURES, edge_labels=edge_labels) as loader:
+        for batch in loader:
+            assert torch.equal(batch.x, FEATURES[batch.input_nodes])
+            assert torch.equal(batch.y, edge_labels[batch.pair_graph.edata[dgl.EID]])
+    input_nodes, pair_graph, blocks = items[0]
+    beyond = [(torch.cat([input_nodes, torch.tensor([NUM_NODES])]), pair_graph, blocks)]
+    device = CountingCPUDevice()
+    with PingPongLoader(beyond, FEATURES, edge_labels=edge_labels, device=device) as loader:
+        with pytest.raises(pingpong.IdRangeError, match=rf"{NUM_NODES}"):
+            next(iter(loader))
+    assert device.gathers == 0
 
 
 def test_an_edge_label_table_of_another_length_than_its_edge_type_is_used_as_given():
@@ -1338,6 +1371,10 @@ def test_a_label_table_too_short_for_its_seed_nodes_is_refused_when_built():
                                                   r"loader's seed nodes of type 'author' "
                                                   r"include id 19"):
         PingPongLoader(source, {"paper": FEATURES}, {"author": torch.arange(10)},
+                       heterogeneous=True)
+    with pytest.raises(pingpong.TableError, match=r"labels\['author'\] has 19 rows, but .* "
+                                                  r"include id 19"):  # one row short
+        PingPongLoader(source, {"paper": FEATURES}, {"author": torch.arange(19)},
                        heterogeneous=True)
     with PingPongLoader(source, {"paper": FEATURES}, {"author": torch.arange(20)},
                         heterogeneous=True) as loader:
