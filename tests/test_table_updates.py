@@ -160,13 +160,36 @@ def test_a_table_given_new_memory_is_refused_before_any_row_is_read(how):
         assert device.gathers == gathers
 
 
+@pytest.mark.parametrize("which", ["labels", "second feature table"])
+def test_every_table_given_new_memory_is_refused_not_only_the_first(which):
+    """The check covers each host table: a label table, and a feature table after
+    the first of a dict (each is read at its own memory)."""
+    triples = seq_triples(N, 4)
+    features = {"a": torch.randn(N, 5), "b": torch.randn(N, 2)}
+    labels = torch.arange(N)
+    device = CountingCPUDevice()
+    with PingPongLoader(triples, features, labels, device=device) as loader:
+        assert len(list(loader)) == 4
+        gathers = device.gathers
+        if which == "labels":
+            labels.data = torch.zeros(N, dtype=torch.int64)
+            name = "labels"
+        else:
+            features["b"].data = torch.zeros(N, 2)
+            name = r"features\['b'\]"
+        with pytest.raises(pingpong.TableError, match=name + " was given new memory"):
+            next(iter(loader))
+        assert device.gathers == gathers
+
+
 @pytest.mark.parametrize("how", ["resize_", "set_ narrower", "unsqueeze_", "data as int32",
-                                 "set_ transposed strides"])
+                                 "set_ transposed strides", "resize_ fewer rows"])
 def test_a_table_given_a_new_layout_over_the_same_memory_is_refused(how):
     """Same memory, same row count, but another row shape, dtype or strides: the
     gathers would read the rows in the layout they had when the loader was built.
     (``set_ transposed strides`` keeps shape and dtype: only the strides say that
-    row i is now elements i, N + i, ... -- caught only if strides are compared.)"""
+    row i is now elements i, N + i, ... -- caught only if strides are compared;
+    ``resize_ fewer rows`` keeps the row shape: only the row count changed.)"""
     triples = seq_triples(N, 4)
     features = torch.randn(N, 4)
     address = features.data_ptr()
@@ -180,6 +203,8 @@ def test_a_table_given_a_new_layout_over_the_same_memory_is_refused(how):
             features.set_(features.untyped_storage(), 0, (N, 2))  # type: ignore[call-overload]
         elif how == "unsqueeze_":
             features.unsqueeze_(1)
+        elif how == "resize_ fewer rows":  # the rows beyond are no longer the table's
+            features.resize_(N - 10, 4)
         elif how == "set_ transposed strides":
             features.set_(features.untyped_storage(), 0, (N, 4), (1, N))  # type: ignore[call-overload]
             assert features.shape == (N, 4) and features.dtype == torch.float32
