@@ -1099,6 +1099,33 @@ def test_two_loaders_over_one_shared_iterator_source_take_turns_loudly(kind):
         assert _exact_items(iter(second), features) == list(range(8))
 
 
+def test_a_datapipe_source_without_a_hash_runs_its_passes_unclaimed():
+    """A datapipe with value equality (``__eq__`` and so no ``__hash__``, as a
+    dataclass has) cannot key the record of which epoch iterates a source: its
+    loaders start their epochs as over any other source -- every pass exact, not
+    a ``TypeError`` (unhashable) out of ``iter()``."""
+    from torch.utils.data import IterDataPipe
+
+    class ValueEqualItems(IterDataPipe):
+        def __init__(self, count: int) -> None:
+            self.count = count
+
+        def __iter__(self) -> Iterator[torch.Tensor]:
+            yield from (torch.tensor([i]) for i in range(self.count))
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, ValueEqualItems) and other.count == self.count
+
+    source = ValueEqualItems(8)
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(source)
+    features = torch.randn(8, 3)
+    with PingPongLoader(source, features, form=_item_form, timeout=20) as first, \
+            PingPongLoader(source, features, form=_item_form, timeout=20) as second:
+        for loader in (first, second, first):
+            assert _exact_items(iter(loader), features) == list(range(8))
+
+
 def test_two_loaders_over_a_datapipe_loader_with_workers_run_side_by_side():
     """From a review: a ``DataLoader`` over a datapipe *with* workers (not
     persistent) sends each pass its own copy of the datapipe, and plain torch
