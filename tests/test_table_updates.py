@@ -66,7 +66,8 @@ def test_a_numpy_table_is_read_in_place_so_writes_to_the_array_reach_the_next_ep
     table = array if writeable else array.view()
     table.flags.writeable = writeable
     labels = np.arange(N, dtype=np.int64)
-    with PingPongLoader(triples, table, labels) as loader:
+    # (PingPongLoader's annotations name no NumPy array, though it takes one)
+    with PingPongLoader(triples, table, labels) as loader:  # type: ignore[arg-type]
         for epoch in range(3):
             for batch, (inputs, outputs, _) in zip(loader, triples, strict=True):
                 assert torch.equal(batch.x, torch.from_numpy(array)[inputs]), epoch
@@ -207,7 +208,8 @@ def test_a_table_given_a_new_layout_over_the_same_memory_is_refused(how):
             features.resize_(N - 10, 4)
         elif how == "set_ transposed strides":
             features.set_(features.untyped_storage(), 0, (N, 4), (1, N))  # type: ignore[call-overload]
-            assert features.shape == (N, 4) and features.dtype == torch.float32
+            assert features.shape == (N, 4)
+            assert features.dtype == torch.float32
         else:
             features.data = features.data.view(torch.int32)
         assert features.data_ptr() == address  # the same memory
