@@ -610,6 +610,58 @@ EXIT_SCENARIOS = {
 }
 
 
+_EXIT_WHILE_THE_PRODUCER_IS_INSIDE_THE_SOURCE = """
+import atexit, threading, time
+
+@atexit.register  # registered first: runs after every other exit hook
+def _report():
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("pingpong-producer")]
+    print("PRODUCERS_ALIVE_AT_THE_LAST_HOOK", len(alive), flush=True)
+    print("LAST_HOOK_AFTER", time.monotonic() - _exiting[0], flush=True)
+
+_exiting = []
+
+import torch
+import pingpong._exit_hook as exit_hook
+from pingpong import PingPongLoader
+
+exit_hook.EXIT_JOIN_BUDGET_S = 60.0  # room for any load: the join, not its budget, is tested
+
+class SlowToLeave:
+    def __iter__(self):
+        yield (torch.arange(10), torch.arange(4), None)
+        time.sleep(1.5)  # the producer is in here at exit; it leaves after the sleep
+        while True:
+            yield (torch.arange(10), torch.arange(4), None)
+
+loader = PingPongLoader(SlowToLeave(), torch.randn(20, 3), num_buffers=2)
+it = iter(loader)
+next(it)
+time.sleep(0.3)
+_exiting.append(time.monotonic())
+print("EXITING", flush=True)
+"""
+
+
+def test_the_exit_hook_joins_a_producer_still_inside_the_source():
+    """At interpreter exit the hook ends every epoch and joins every producer thread
+    (``EXIT_JOIN_BUDGET_S``; made long here): a producer inside the source when the
+    script ends has left it and exited before the last exit hook -- no daemon thread
+    taking the GIL back during finalisation.  Without the join (or with the producer
+    not among the threads it joins) the loader's own finaliser, at exit, waits only
+    0.1 s and the producer is still alive then; with the epochs not ended first, the
+    join waits out its whole budget for a producer that was never told to stop."""
+    child = subprocess.run([sys.executable, "-c", _EXIT_WHILE_THE_PRODUCER_IS_INSIDE_THE_SOURCE],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert child.returncode == 0, child.stderr[-2000:]
+    words = child.stdout.split()
+    assert words[:3] == ["EXITING", "PRODUCERS_ALIVE_AT_THE_LAST_HOOK", "0"], \
+        (child.stdout, child.stderr[-2000:])
+    assert words[3] == "LAST_HOOK_AFTER", child.stdout
+    # the producer leaves the source about 1.2 s after EXITING; the budget is 60 s
+    assert float(words[4]) < 30.0, child.stdout
+
+
 def test_a_ctrl_c_while_iter_retires_the_previous_epoch_leaves_it_to_the_next_iter(monkeypatch):
     """A Ctrl-C landing in ``iter()``'s join of the previous epoch: the loader keeps
     that epoch, and the next ``iter()`` retires it and hands its held slot back
