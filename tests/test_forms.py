@@ -847,6 +847,18 @@ def test_seeds_of_another_meaning_are_not_checked_as_node_ids():
         assert len(loader) == NUM_NODES + 2
 
 
+def test_a_feature_dict_of_different_row_counts_is_refused_with_edge_labels_too():
+    """A homogeneous feature dict is several features of the same nodes, whatever the
+    labels: with edge_labels= as with labels=, tables of different lengths are refused
+    (pointing at heterogeneous=True) -- a short one would fail part-way through."""
+    features = {"feat": FEATURES, "short": FEATURES[:200].contiguous()}
+    for kwargs in ({"edge_labels": EDGE_LABELS}, {"edge_labels": {"rates": RATINGS}},
+                   {"labels": LABELS}):
+        with pytest.raises(pingpong.TableError,
+                           match=r"different numbers of rows.*heterogeneous=True"):
+            PingPongLoader(list(_edge_source()), features, **kwargs)
+
+
 def test_labels_and_edge_labels_together_are_a_config_error():
     with pytest.raises(pingpong.ConfigError, match="not both"):
         PingPongLoader(_edge_source(), FEATURES, LABELS, edge_labels=EDGE_LABELS)
