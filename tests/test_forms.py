@@ -385,6 +385,24 @@ def test_a_form_may_give_no_label_ids_for_some_items(device_kind, heterogeneous)
             + 5 * 4 * LABELS.element_size())
 
 
+def test_a_form_giving_node_label_ids_for_some_node_types_only():
+    """Heterogeneous node labels through form=: label ids keyed by node type, one of the
+    two types left out -- it gets no rows, as for a DGL item (they are node types,
+    not edge label keys to be matched by edge type)."""
+    features = {"paper": FEATURES, "author": torch.arange(40.0).reshape(20, 2)}
+    labels = {"paper": LABELS, "author": torch.arange(20) * 3}
+    items = [torch.arange(i, i + 6) for i in range(0, 18, 6)]
+    with PingPongLoader(items, features, labels, heterogeneous=True,
+                        form=lambda ids: ({"paper": ids, "author": ids}, {"paper": ids})
+                        ) as loader:
+        for batch, ids in zip(loader, items, strict=True):
+            assert isinstance(batch.x, dict)
+            assert isinstance(batch.y, dict)
+            assert torch.equal(batch.x["author"], features["author"][ids])
+            assert torch.equal(batch.y["paper"], LABELS[ids])
+            assert batch.y["author"].shape == (0,)
+
+
 def test_blocks_keep_their_container():
     """A node triple's blocks come back in the container the source gave: a tuple as
     a tuple, a list as a list, one graph as that graph -- each block the source's
