@@ -1393,6 +1393,19 @@ def test_a_feature_table_shorter_than_the_graph_is_refused_when_built():
             batch_size=4), {"paper": FEATURES, "author": torch.zeros(39, 2)}, heterogeneous=True)
 
 
+def test_a_homogeneous_loader_over_a_graph_of_several_node_types_points_at_heterogeneous():
+    """heterogeneous=True forgotten over a graph of two node types: the graph's node
+    counts say nothing about a homogeneous table (no 'pad it' TableError against the
+    first node type's count); the first batch's dict ids point at heterogeneous=True."""
+    source = dgl.dataloading.DataLoader(
+        _hetero_graph(), {"author": torch.arange(8)}, dgl.dataloading.NeighborSampler([2]),
+        batch_size=4)
+    author_features = torch.zeros(20, 2)  # fewer rows than the graph's 40 authors
+    with PingPongLoader(source, author_features) as loader:
+        with pytest.raises(pingpong.IdTypeError, match="heterogeneous=True"):
+            next(iter(loader))
+
+
 def test_a_label_table_too_short_for_its_seed_nodes_is_refused_when_built():
     source = dgl.dataloading.DataLoader(
         _hetero_graph(), {"author": torch.arange(5, 20)}, dgl.dataloading.NeighborSampler([2]),
