@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NoReturn, SupportsIndex
 
+import numpy as np
 import torch
 from torch.utils.data import IterDataPipe
 
@@ -51,8 +52,8 @@ class PingPongLoader(Iterable[Any]):
             (ClusterGCN, SAINT), GraphBolt ``MiniBatch`` es, or anything with
             ``form=``.  Each ``iter(loader)`` makes one pass over it.  One-shot
             iterators (generators) are refused.
-        features: a host tensor ``(N, ...)`` or a dict of such tensors (then
-            ``batch.x`` is a dict with the same keys).  Used in place, never copied
+        features: a host tensor ``(N, ...)`` (or NumPy array) or a dict of such tables
+            (then ``batch.x`` is a dict with the same keys).  Used in place, never copied
             (except by ``gather="device"``, and ``auto`` where it picks it, which
             copy the tables to GPU memory once).
             With ``heterogeneous=True``: a dict ``{node type: table}``.
@@ -213,8 +214,10 @@ class PingPongLoader(Iterable[Any]):
     def __init__(
         self,
         source: Iterable[Any],
-        features: torch.Tensor | RowSource | Mapping[str, torch.Tensor | RowSource],
-        labels: torch.Tensor | RowSource | Mapping[str, torch.Tensor | RowSource] | None = None,
+        features: torch.Tensor | np.ndarray | RowSource
+        | Mapping[str, torch.Tensor | np.ndarray | RowSource],
+        labels: torch.Tensor | np.ndarray | RowSource
+        | Mapping[str, torch.Tensor | np.ndarray | RowSource] | None = None,
         *,
         device: str | torch.device | Device = "cpu",
         num_buffers: Count = 2,
@@ -227,8 +230,8 @@ class PingPongLoader(Iterable[Any]):
         heterogeneous: bool = False,
         # keys: edge type names or canonical triples, checked at run time (a dict
         # literal mixing both is a Mapping[Sequence[str], ...] to a type checker)
-        edge_labels: torch.Tensor | RowSource | Mapping[Any, torch.Tensor | RowSource]
-        | None = None,
+        edge_labels: torch.Tensor | np.ndarray | RowSource
+        | Mapping[Any, torch.Tensor | np.ndarray | RowSource] | None = None,
         form: FormCallable | None = None,
         cache_bytes: Count = 0,
         hot_ids: torch.Tensor | None = None,

@@ -715,9 +715,9 @@ def test_a_device_without_local_rows_fetches_the_local_part_too():
             assert torch.equal(batch.x, features[inputs])
             assert torch.equal(batch.y, labels[outputs])
         assert loader.stats["rows_read_in_place"] == 0
-    for source, which in ((x_source, 0), (y_source, 1)):
-        asked = torch.cat(source.asked)
-        assert torch.equal(asked, torch.cat([t[which] for t in triples]))
+    for source, asked in ((x_source, [t[0] for t in triples]),
+                          (y_source, [t[1] for t in triples])):
+        assert torch.equal(torch.cat(source.asked), torch.cat(asked))
     # the local part is not consulted either
     table = make_remote_table(booked_rows(features), "features")
     ids = np.array([0, 150, 259, 300], dtype=np.int64)

@@ -66,8 +66,7 @@ def test_a_numpy_table_is_read_in_place_so_writes_to_the_array_reach_the_next_ep
     table = array if writeable else array.view()
     table.flags.writeable = writeable
     labels = np.arange(N, dtype=np.int64)
-    # (PingPongLoader's annotations name no NumPy array, though it takes one)
-    with PingPongLoader(triples, table, labels) as loader:  # type: ignore[arg-type]
+    with PingPongLoader(triples, table, labels) as loader:
         for epoch in range(3):
             for batch, (inputs, outputs, _) in zip(loader, triples, strict=True):
                 assert torch.equal(batch.x, torch.from_numpy(array)[inputs]), epoch
