@@ -5,10 +5,14 @@ DGL's sampling does not repeat from run to run, so a test of a DDP job with
 DGL's sampler has no precomputed reference to compare batches with; each rank
 compares them itself with what the synchronous loop reads for the same
 sampled ids, and reports the result in its ``.meta.json``.
+
+Also :func:`params_digest`, the weights' digest by which the DDP tests of
+``train_sage.py`` and ``train_dist.py`` compare the ranks' trained weights.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import sys
 from typing import Any
@@ -97,3 +101,11 @@ class BatchCheck:
     def summary(self) -> dict[str, Any]:
         return {"batches_checked": self.checked, "batches_differing": self.differing,
                 "first_differing": self.first}
+
+
+def params_digest(model: torch.nn.Module) -> str:
+    """SHA-256 over the model's parameters, bit for bit."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()

@@ -59,7 +59,6 @@ import argparse
 import contextlib
 import ctypes
 import datetime
-import hashlib
 import importlib.util
 import inspect
 import json
@@ -101,6 +100,7 @@ from _args import (  # noqa: E402
     probability,
     seed_value,
 )
+from _batch_check import params_digest  # noqa: E402
 from _stacks import ANSWERED_DIR_ENV, answer_stack_requests, request_stacks  # noqa: E402
 from sage_model import SAGE  # noqa: E402
 
@@ -864,14 +864,6 @@ def all_max(value: float) -> float:
     return float(t)
 
 
-def params_sha256(model: torch.nn.Module) -> str:
-    """SHA-256 over the model's parameters, bit for bit."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
 def loader_stats(loader: Any) -> dict[str, float]:
     keys = ("batches", "sample_s", "fetch_s", "validate_s", "gather_s", "consumer_stall_s",
             "overlap_ratio")
@@ -935,7 +927,7 @@ def trainer_main(args: argparse.Namespace) -> None:
     test_acc = test[0] / max(test[1], 1)
     log(f"Test Acc {test_acc:.4f}", flush=True)
     weights = [None] * tr.world_size  # every rank's: DDP keeps them equal
-    torch.distributed.all_gather_object(weights, params_sha256(model))
+    torch.distributed.all_gather_object(weights, params_digest(model))
     if tr.leader and os.environ.get(RESULT_ENV):
         Path(os.environ[RESULT_ENV]).write_text(json.dumps({
             "loader": args.loader, "world_size": tr.world_size, "num_nodes": tr.g.num_nodes(),

@@ -82,7 +82,7 @@ from _args import (
     probability,
     seed_value,
 )
-from _batch_check import BatchCheck
+from _batch_check import BatchCheck, params_digest
 from sage_model import MLP, SAGE
 
 import pingpong
@@ -600,14 +600,6 @@ def train(args: argparse.Namespace, data: Dataset, device: torch.device,
         "losses": losses,
         "stats": _jsonable(stats),
     }
-
-
-def params_digest(model: torch.nn.Module) -> str:
-    """SHA-256 over the model's parameters, bit for bit."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def grads_digest(model: torch.nn.Module) -> str:
