@@ -78,6 +78,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import psutil
 import torch
 from torch.nn import functional as F
 
@@ -513,16 +514,29 @@ class LocalCluster:
 
     # -- stop ---------------------------------------------------------------
     def stop(self, grace: float = 5.0) -> None:
-        """Kill every process group this cluster started; idempotent."""
+        """Stop every process group this cluster started; idempotent.
+
+        Each group gets SIGTERM (after SIGCONT: a stopped process cannot exit) --
+        also one whose leader has left, say a trainer whose DGL sampler process
+        still waits on a server -- and ``grace`` s to leave; then SIGKILL.
+        multiprocessing's resource trackers go last: they ignore SIGTERM and leave
+        by themselves once every process that used them is gone, unlinking what
+        those left (a sampler's named semaphores, ``/dev/shm/sem.mp-*``); killed
+        together with the rest, they would leave it behind.
+        """
+        groups = {p.popen.pid for p in self.procs}
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGCONT)
+            _signal_group(pgid, signal.SIGTERM)
         for p in self.procs:
-            if p.running():
-                _signal_group(p.popen.pid, signal.SIGCONT)  # a stopped process cannot exit
-                _signal_group(p.popen.pid, signal.SIGTERM)
-        end = time.monotonic() + grace
-        while any(p.running() for p in self.procs) and time.monotonic() < end:
-            time.sleep(0.05)
-        for p in self.procs:  # the leader may be gone while others of its group live
-            _signal_group(p.popen.pid, signal.SIGKILL)
+            p.running()  # reaps a leader that has exited
+        _wait_until(lambda: not _workers_of(groups), grace)
+        for proc in _workers_of(groups):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        _wait_until(lambda: not _members_of(groups), TRACKER_EXIT_S)
+        for pgid in groups:  # whatever is left, trackers included
+            _signal_group(pgid, signal.SIGKILL)
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.popen.wait(timeout=10)
@@ -557,6 +571,38 @@ class LocalCluster:
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+#: How long :meth:`LocalCluster.stop` gives multiprocessing's resource trackers to
+#: clean up and leave once the processes they served are gone.
+TRACKER_EXIT_S = 5.0
+
+
+def _members_of(groups: set[int]) -> list[psutil.Process]:
+    """The live processes (zombies aside) of the process groups ``groups``."""
+    members = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(proc.pid) in groups and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+    return members
+
+
+def _workers_of(groups: set[int]) -> list[psutil.Process]:
+    """:func:`_members_of` but multiprocessing's resource trackers."""
+    def is_tracker(proc: psutil.Process) -> bool:
+        with contextlib.suppress(psutil.Error):
+            return "multiprocessing.resource_tracker" in " ".join(proc.cmdline())
+        return False
+
+    return [proc for proc in _members_of(groups) if not is_tracker(proc)]
+
+
+def _wait_until(done: Callable[[], bool], timeout: float) -> None:
+    """Poll ``done`` every 50 ms until it is true or ``timeout`` s have passed."""
+    end = time.monotonic() + timeout
+    while not done() and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def describe_exit(code: int | None) -> str:

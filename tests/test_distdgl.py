@@ -83,6 +83,7 @@ def run_job(mode: str, out: Path, part_dir: Path, env: dict[str, str] | None = N
     a server is lost leaves its ``multiprocessing`` temporary directory behind.
     """
     (out / "tmp").mkdir(exist_ok=True)
+    semaphores = named_semaphores()
     try:
         returncode, stdout, stderr = run_in_own_session(
             [sys.executable, str(JOB), mode, str(out), str(part_dir)], timeout=JOB_LIMIT_S,
@@ -90,7 +91,7 @@ def run_job(mode: str, out: Path, part_dir: Path, env: dict[str, str] | None = N
         assert returncode == 0, stdout[-3000:] + stderr[-3000:] + job_logs(out)
     finally:
         if (out / "pids.json").exists():
-            assert_all_gone(out / "pids.json")
+            assert_all_gone(out / "pids.json", semaphores)
     job = json.loads((out / "job.json").read_text())
     ranks = [json.loads(p.read_text()) if p.exists() else {}
              for p in (out / f"rank{r}.json" for r in range(2))]
@@ -124,10 +125,17 @@ def live_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def assert_all_gone(pid_file: Path, grace: float = 5.0) -> None:
+def named_semaphores() -> set[str]:
+    """multiprocessing's named semaphores now in /dev/shm (``sem.mp-*``). A process's
+    resource tracker unlinks those it leaves; killed with it, the tracker leaves them."""
+    return {p.name for p in Path("/dev/shm").glob("sem.mp-*")}
+
+
+def assert_all_gone(pid_file: Path, semaphores_before: set[str], grace: float = 5.0) -> None:
     """Every process in ``pid_file`` has exited, its process group is empty, and no
-    shared memory of the job is left. Kills what is left (so a failing test leaves
-    no orphan) and then fails."""
+    shared memory of the job is left: neither its tables nor a named semaphore that
+    was not there before it (``semaphores_before``). Kills what is left (so a failing
+    test leaves no orphan) and then fails."""
     entries = json.loads(pid_file.read_text())
     deadline = time.monotonic() + grace
     while True:
@@ -144,6 +152,8 @@ def assert_all_gone(pid_file: Path, grace: float = 5.0) -> None:
     leftovers = [p.name for p in Path("/dev/shm").iterdir() if any(t in p.name for t in tokens)]
     assert not alive, f"processes left running after the job: {alive}"
     assert not leftovers, f"shared memory left in /dev/shm: {leftovers}"
+    semaphores = sorted(named_semaphores() - semaphores_before)
+    assert not semaphores, f"named semaphores left in /dev/shm: {semaphores}"
 
 
 def assert_two_equal_epochs(epochs: list[dict[str, Any]]) -> None:
@@ -752,6 +762,7 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
     if (reason := distdgl_unavailable()) is not None:
         pytest.skip(reason)
     pid_file, result = tmp_path / "pids.json", tmp_path / "result.json"
+    semaphores = named_semaphores()
     log_dir = tmp_path / "logs" / loader  # not there yet: the launcher makes it
     tmp = tmp_path / "tmp"  # the job's temporary folders (partition, ip_config): removed
     tmp.mkdir()
@@ -764,13 +775,21 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
         assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     finally:
         if pid_file.exists():
-            assert_all_gone(pid_file)
+            assert_all_gone(pid_file, semaphores)
     report = json.loads(result.read_text())
     assert report["loader"] == loader
     assert report["world_size"] == 2
     assert len(report["epochs"]) == 2
     assert all(e["steps"] > 1 for e in report["epochs"])
     assert report["test_acc"] > 0.4  # 4 classes: chance is 0.25
+    # node_split's shares of the odd number of training nodes differ by one: each
+    # trainer's is cut to the smaller, so that the two step in step.
+    from pingpong.sources import make_synthetic_graph
+
+    graph = make_synthetic_graph(num_nodes=int(SMALL[SMALL.index("--num-nodes") + 1]),
+                                 num_classes=4, feat_dim=32, avg_degree=10)
+    assert len(graph.train_idx) % 2 == 1  # the precondition
+    assert report["train_nodes"] == len(graph.train_idx) - 1
     # DDP averaged the gradients: both trainers end with the same weights.
     weights = report["params_sha256_by_rank"]
     assert len(weights) == 2
@@ -796,6 +815,7 @@ def test_example_job_timeout_shows_where_each_process_was(tmp_path: Path) -> Non
     if (reason := distdgl_unavailable()) is not None:
         pytest.skip(reason)
     pid_file = tmp_path / "pids.json"
+    semaphores = named_semaphores()
     try:
         returncode, stdout, stderr = run_in_own_session(
             # 40 s: the trainers are training by then (about 15 s in), past their imports
@@ -804,7 +824,7 @@ def test_example_job_timeout_shows_where_each_process_was(tmp_path: Path) -> Non
              "--pid-file", str(pid_file)], timeout=JOB_LIMIT_S, cwd=tmp_path)
     finally:
         if pid_file.exists():
-            assert_all_gone(pid_file)
+            assert_all_gone(pid_file, semaphores)
     assert returncode == 124, stdout[-4000:] + stderr[-4000:]
     assert "job timeout (40 s): stopping the job" in stdout
     for name in ("server 0", "server 1", "trainer 0", "trainer 1"):
@@ -814,7 +834,8 @@ def test_example_job_timeout_shows_where_each_process_was(tmp_path: Path) -> Non
     assert "(most recent call first)" in stderr
 
 
-SMALL = ["--num-nodes", "8000", "--feat-dim", "32", "--num-classes", "4", "--avg-degree", "10",
+# 8010 nodes: 2403 training nodes, an odd number, so that node_split's two shares differ
+SMALL = ["--num-nodes", "8010", "--feat-dim", "32", "--num-classes", "4", "--avg-degree", "10",
          "--epochs", "2", "--batch-size", "200", "--hidden", "32", "--lr", "0.01"]
 
 
@@ -823,6 +844,7 @@ def test_example_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     if (reason := distdgl_unavailable()) is not None:
         pytest.skip(reason)
     pid_file, log = tmp_path / "pids.json", tmp_path / "out.log"
+    semaphores = named_semaphores()
     with open(log, "wb") as out:
         launcher = subprocess.Popen(
             [sys.executable, str(EXAMPLE), *SMALL, "--epochs", "50", "--pid-file", str(pid_file)],
@@ -847,5 +869,5 @@ def test_example_ctrl_c_stops_every_process(tmp_path: Path) -> None:
             os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
         if pid_file.exists():
-            assert_all_gone(pid_file)
+            assert_all_gone(pid_file, semaphores)
     assert "interrupted" in log.read_text(errors="replace")
