@@ -163,9 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
     # Test hooks: per-step digests of everything the training step reads and a
     # .meta.json per rank (output nodes, weights, each batch checked against the
     # rank's tables; under torchrun also what it saw of the shared tables), and
-    # a crash of one rank while the shared-table file exists.
+    # one rank that crashes, or hangs until torchrun stops it, while the
+    # shared-table file exists.
     p.add_argument("--dump-batches", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--test-crash-rank", type=non_negative_int, default=None,
+                   help=argparse.SUPPRESS)
+    p.add_argument("--test-hang-rank", type=non_negative_int, default=None,
                    help=argparse.SUPPRESS)
     return p
 
@@ -858,12 +861,17 @@ def share_tables(data: Dataset, args: argparse.Namespace, launch: Launch,
                 shared = {k: map_shared_table(paths[k], t) for k, t in tables.items()}
             except Exception as exc:  # noqa: BLE001 -- reported to every rank
                 error = f"could not map the shared tables: {exc}"
-            if args.test_crash_rank == launch.rank:  # test hook: die holding the mapping
-                print(f"test-crash-rank: rank {launch.rank} dies with "
+            if launch.rank in (args.test_crash_rank, args.test_hang_rank):
+                # test hooks: die, or hang until torchrun's SIGTERM, holding the mapping
+                crash = args.test_crash_rank == launch.rank
+                print(f"test-{'crash' if crash else 'hang'}-rank: rank {launch.rank} "
+                      f"{'dies' if crash else 'hangs'} with "
                       f"{json.dumps(sorted(map(str, paths.values())))} on disk: "
                       f"{json.dumps([p.exists() for p in paths.values()])}", file=sys.stderr,
                       flush=True)
-                os._exit(3)
+                if crash:
+                    os._exit(3)
+                time.sleep(3600)
         if not all_ranks_ok(error is None, device):
             raise RankFailure(error or "a rank could not map the shared tables")
     finally:

@@ -38,8 +38,12 @@ import json
 import math
 import os
 import re
+import signal
 import socket
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -73,6 +77,16 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _remove_what_a_failed_job_left() -> Iterator[None]:
+    """After each test (its assertions ran), remove the shared-table files it left:
+    a failing job may leave them, and they would stay in /dev/shm."""
+    before = set(SHM.glob("pingpong-train_sage-*"))
+    yield
+    for path in set(SHM.glob("pingpong-train_sage-*")) - before:
+        path.unlink(missing_ok=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -82,6 +96,17 @@ def free_port() -> int:
 def shm_files(port: int) -> list[Path]:
     """This job's shared-table files (its master port is in their names)."""
     return sorted(SHM.glob(f"pingpong-train_sage-*-127.0.0.1-{port}-*"))
+
+
+def torchrun_command(tmp_path: Path, nnodes: int, rank: int, nproc: int, port: int,
+                     *extra: str) -> list[str]:
+    """The torchrun command line of node ``rank`` of a job on 127.0.0.1:``port``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+            "--node-rank", str(rank), "--nproc-per-node", str(nproc),
+            "--rdzv-backend", "static", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), str(SCRIPT), *ARGS,
+            "--dump-batches", str(tmp_path / "batches.json"),
+            "--json", str(tmp_path / f"node{rank}.json"), *extra]
 
 
 def run_job(tmp_path: Path, nnodes: int, nproc: int, *extra: str,
@@ -94,12 +119,7 @@ def run_job(tmp_path: Path, nnodes: int, nproc: int, *extra: str,
     port = free_port()
 
     def node(rank: int) -> tuple[int, str, str]:
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
-                   "--node-rank", str(rank), "--nproc-per-node", str(nproc),
-                   "--rdzv-backend", "static", "--master-addr", "127.0.0.1",
-                   "--master-port", str(port), str(SCRIPT), *ARGS,
-                   "--dump-batches", str(tmp_path / "batches.json"),
-                   "--json", str(tmp_path / f"node{rank}.json"), *extra]
+        command = torchrun_command(tmp_path, nnodes, rank, nproc, port, *extra)
         return run_in_own_session(command, timeout=timeout, cwd=tmp_path,
                                   env=dict(os.environ, PYTHONHASHSEED="0"))
 
@@ -315,6 +335,43 @@ def test_a_rank_that_dies_holding_the_shared_file_leaves_no_file(tmp_path: Path)
     assert "Epoch Time" not in stdout
 
 
+@pytest.mark.slow  # one torchrun process, two workers (~10 s)
+def test_torchruns_sigterm_reaches_the_writer_waiting_for_a_rank_and_leaves_no_file(
+        tmp_path: Path) -> None:
+    """Rank 1 hangs after mapping the tables; torchrun, stopped with SIGTERM, passes it
+    on to its workers. Rank 0, the writer, is waiting for rank 1 then: its handler
+    unwinds to the clean-up, which removes the files (Python's default would end it
+    on the spot and leave them)."""
+    port = free_port()
+    command = torchrun_command(tmp_path, 1, 0, 2, port, "--test-hang-rank", "1")
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=tmp_path,
+                                env=dict(os.environ, PYTHONHASHSEED="0"),
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        pattern = r"test-hang-rank: rank 1 hangs with (\[.*?\]) on disk: \[true, true\]"
+        while (found := re.search(pattern, err.read_text())) is None:
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, err.read_text()
+            time.sleep(0.2)
+        paths = [Path(p) for p in json.loads(found.group(1))]
+        assert len(paths) == 2
+        assert all(f"-{port}-" in str(p) for p in paths)
+        assert all(p.exists() for p in paths)
+        proc.send_signal(signal.SIGTERM)  # to torchrun, as a scheduler stops a job
+        returncode = proc.wait(timeout=90)
+        assert returncode != 0
+        assert not any(p.exists() for p in paths), err.read_text()
+        assert shm_files(port) == []
+        assert "Epoch Time" not in out.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 # --------------------------------------------------------------------------- the environment
 TORCHRUN_ENV = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
@@ -358,6 +415,14 @@ def test_flags_that_do_not_fit_the_launch_are_argparse_errors(
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
+
+    def must_not_start(*args: Any, **kwargs: Any) -> None:
+        # A flag let through would start ranks or wait in init_process_group for
+        # ranks that never come: fail at once rather than at pytest-timeout's limit.
+        raise AssertionError("the launch went ahead: the flags were not refused")
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", must_not_start)
+    monkeypatch.setattr(torch.multiprocessing, "spawn", must_not_start)
     with pytest.raises(SystemExit) as exc:
         train_sage.main([*ARGS, *argv])
     assert exc.value.code == 2
