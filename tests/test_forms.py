@@ -1156,6 +1156,62 @@ def test_graphbolt_heterogeneous_tables_must_name_the_graph_types():
         PingPongLoader(source, misspelt, heterogeneous=True)
 
 
+@pytest.mark.parametrize(("ntype", "nodes"), [("author", 40), ("paper", NUM_NODES)])
+def test_a_short_heterogeneous_table_over_a_graphbolt_loader_is_refused_when_built(ntype, nodes):
+    """The row check above over a heterogeneous sampling graph, whose ``num_nodes`` is a
+    dict by node type: a table one row short of its type's nodes is refused when the
+    loader is built, naming the type (from a mutation audit: with the dict branch of
+    the check removed, every test still passed)."""
+    gb = _graphbolt()
+    source, tables = _graphbolt_hetero(gb, {"paper": torch.arange(30)})
+    features = dict(tables["features"])
+    features[ntype] = features[ntype][:nodes - 1]
+    with pytest.raises(pingpong.TableError,
+                       match=rf"features\['{ntype}'\] has {nodes - 1} rows, but the source's "
+                             rf"graph has {nodes} nodes of type '{ntype}'"):
+        PingPongLoader(source, features, heterogeneous=True)
+
+
+def test_heterogeneous_tables_over_a_homogeneous_graphbolt_loader():
+    """heterogeneous=True over a homogeneous sampling graph (no ``node_type_to_id``):
+    its one node type is ``"_N"``, as a DGL graph's; a table of that type is
+    gathered at the plain input_nodes, and one short of the graph's nodes is refused
+    when built (from a mutation audit: reading the types of a graph that has none
+    raised TypeError when built, and no test failed)."""
+    gb = _graphbolt()
+    seeds = torch.arange(0, NUM_NODES, 2)
+    source = _graphbolt_pipeline(gb, seeds)
+    with PingPongLoader(source, {"_N": FEATURES}, heterogeneous=True) as loader:
+        seen = []
+        for minibatch in loader:
+            assert torch.equal(minibatch.node_features[("_N", "feat")],
+                               FEATURES[minibatch.input_nodes])
+            seen.append(minibatch.seed_nodes)
+    assert torch.equal(torch.cat(seen).sort().values, seeds)
+    with pytest.raises(pingpong.TableError,
+                       match=rf"has {NUM_NODES - 1} rows, but the source's graph has "
+                             rf"{NUM_NODES} nodes of type '_N'"):
+        PingPongLoader(source, {"_N": FEATURES[:NUM_NODES - 1]}, heterogeneous=True)
+
+
+def test_a_torch_data_loader_of_sampled_triples_is_searched_for_no_sampling_graph():
+    """Where GraphBolt is imported, a source with a ``dataset`` and no ``graph`` is
+    searched for a pipeline's sampling graph; a torch DataLoader over a list of
+    sampled DGL triples has none (its dataset is no datapipe torch can walk), and is
+    taken as the list is (from a mutation audit: with the walk's errors let through,
+    torch's "Expected IterDataPipe" refused it when built, and no test failed)."""
+    _graphbolt()  # without DGL 2.x no source is searched
+    triples: Any = list(_node_source())  # a list: a map-style dataset to torch
+    source = torch.utils.data.DataLoader(triples, batch_size=None)
+    with PingPongLoader(source, FEATURES) as loader:
+        for _ in range(2):
+            seen = []
+            for batch in loader:
+                assert torch.equal(batch.x, FEATURES[batch.input_nodes])
+                seen.append(batch.output_nodes)
+            assert torch.equal(torch.cat(seen).sort().values, torch.arange(64))
+
+
 @dataclasses.dataclass
 class MiniBatch:
     """A stand-in with DGL 2.2+'s field names (``seeds`` instead of ``seed_nodes``);
