@@ -1192,6 +1192,13 @@ def test_heterogeneous_tables_over_a_homogeneous_graphbolt_loader():
                        match=rf"has {NUM_NODES - 1} rows, but the source's graph has "
                              rf"{NUM_NODES} nodes of type '_N'"):
         PingPongLoader(source, {"_N": FEATURES[:NUM_NODES - 1]}, heterogeneous=True)
+    # Any other key is refused, as over a homogeneous DGL graph. (It was taken: the
+    # graph's types read as unknown, and a short table of that key went unchecked.)
+    for table in (FEATURES, FEATURES[:NUM_NODES - 1]):
+        with pytest.raises(pingpong.TableError,
+                           match=r"features\['node'\]: the source's graph has no node type "
+                                 r"'node'; its node types are \['_N'\]"):
+            PingPongLoader(source, {"node": table}, heterogeneous=True)
 
 
 def test_a_torch_data_loader_of_sampled_triples_is_searched_for_no_sampling_graph():

@@ -61,16 +61,20 @@ def node_seeds(minibatch: Any) -> Any:
 
 def pipeline_node_types(source: Any) -> list[str] | None:
     """The node types of the sampling graph(s) in a GraphBolt ``DataLoader``'s
-    pipeline, or None (no GraphBolt, no pipeline, a homogeneous graph).
+    pipeline, or None (no GraphBolt, no pipeline).
 
     A GraphBolt ``DataLoader`` has no ``graph``; its stages hold the
-    ``FusedCSCSamplingGraph``, whose ``node_type_to_id`` names the types.
+    ``FusedCSCSamplingGraph``, whose ``node_type_to_id`` names the types. A
+    homogeneous graph has none (``None``): its one type is ``"_N"``, as a DGL
+    graph's is.
     """
     types: set[str] = set()
     for graph in _sampling_graphs(source):
         names = getattr(graph, "node_type_to_id", None)
         if isinstance(names, dict):
             types.update(names)
+        elif names is None:
+            types.add("_N")
     return sorted(types) or None
 
 
