@@ -71,8 +71,9 @@ class PingPongLoader(Iterable[Any]):
         device: where batches are delivered: ``"cpu"`` or ``"cuda[:k]"``, or a
             :class:`~pingpong.devices.Device` instance (such as the tests'
             :class:`~pingpong.devices.fake.FakeAsyncDevice`), which the loader
-            then owns: ``close()`` closes it; ``gather_threads`` and ``sort_ids``
-            configure a device the loader makes and are refused with one given.
+            then owns: ``close()`` closes it, and so does a constructor that
+            raises; ``gather_threads`` and ``sort_ids`` configure a device the
+            loader makes and are refused with one given.
         num_buffers: number of slots (>= 2).  The producer runs at most
             ``num_buffers - 1`` batches ahead of the training loop.
         gather: ``"auto" | "cpu" | "zerocopy" | "staged" | "device"``; ``auto`` is
@@ -240,77 +241,86 @@ class PingPongLoader(Iterable[Any]):
         producer_cpus: Iterable[int] | None = None,
         producer_nice: Count | None = None,
     ) -> None:
-        if not isinstance(source, Iterable):
-            raise ConfigError(f"source must be iterable, got {type(source).__name__}")
-        seeds = dgl_loader_seeds(source)  # a DistNodeDataLoader's before it is wrapped
-        check_dgl_loader_seeds(source, seeds)
-        # What another loader's iter() over it would end or reset: the DGL loader
-        # itself, never the wrapper each loader builds around it below.
-        shared_iterator_source = source if _shares_its_iterator(source) else None
-        if isinstance(source, Iterator):
-            restartable = restartable_dgl_loader(source)  # DistNodeDataLoader & co.
-            if restartable is None:
+        # A given device is the loader's from this call on (see ``device``): if the
+        # constructor raises, it is closed too, whatever refused.
+        given_device = device if isinstance(device, Device) else None
+        try:
+            if not isinstance(source, Iterable):
+                raise ConfigError(f"source must be iterable, got {type(source).__name__}")
+            seeds = dgl_loader_seeds(source)  # a DistNodeDataLoader's before it is wrapped
+            check_dgl_loader_seeds(source, seeds)
+            # What another loader's iter() over it would end or reset: the DGL loader
+            # itself, never the wrapper each loader builds around it below.
+            shared_iterator_source = source if _shares_its_iterator(source) else None
+            if isinstance(source, Iterator):
+                restartable = restartable_dgl_loader(source)  # DistNodeDataLoader & co.
+                if restartable is None:
+                    raise ConfigError(
+                        f"source is a one-shot iterator ({type(source).__name__}); pass a "
+                        "re-iterable such as a DGL DataLoader or a list, since every epoch "
+                        "iterates it again. A class of your own whose __iter__ resets it and "
+                        "returns self counts as an iterator (it has __next__): give it an "
+                        "__iter__ that returns a new iterator instead (a generator method), "
+                        "and no __next__"
+                    )
+                source = restartable
+            if (count := integer(num_buffers)) is None or count < 2:
+                raise ConfigError(f"num_buffers must be an int >= 2, got {num_buffers!r}")
+            num_buffers = count
+            if timeout is not None and (
+                isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+                or not timeout > 0
+            ):
                 raise ConfigError(
-                    f"source is a one-shot iterator ({type(source).__name__}); pass a "
-                    "re-iterable such as a DGL DataLoader or a list, since every epoch "
-                    "iterates it again. A class of your own whose __iter__ resets it and "
-                    "returns self counts as an iterator (it has __next__): give it an "
-                    "__iter__ that returns a new iterator instead (a generator method), "
-                    "and no __next__"
+                    f"timeout must be None or a positive number of seconds, got {timeout!r}"
                 )
-            source = restartable
-        if (count := integer(num_buffers)) is None or count < 2:
-            raise ConfigError(f"num_buffers must be an int >= 2, got {num_buffers!r}")
-        num_buffers = count
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) or not timeout > 0
-        ):
-            raise ConfigError(
-                f"timeout must be None or a positive number of seconds, got {timeout!r}"
+            if form is not None and not callable(form):
+                raise ConfigError(
+                    f"form must be a callable item -> (feature ids, label ids), got {form!r}"
+                )
+            if health_check is not None and not callable(health_check):
+                raise ConfigError(f"health_check must be a callable, got {health_check!r}")
+            if sample_ahead is not None and not isinstance(sample_ahead, bool):
+                raise ConfigError(f"sample_ahead must be None, True or False, got {sample_ahead!r}")
+            cpus = _cpu_set(producer_cpus)
+            if sampler_threads is not None and (
+                (threads := integer(sampler_threads)) is None or threads < 1
+            ):
+                raise ConfigError(
+                    f"sampler_threads must be None or a positive int, got {sampler_threads!r}"
+                )
+            if producer_nice is not None and (
+                (nice := integer(producer_nice)) is None or not 0 <= nice <= MAX_NICE
+            ):
+                raise ConfigError(
+                    f"producer_nice must be None or an int from 0 to {MAX_NICE} (how much the "
+                    f"producer thread raises its nice value), got {producer_nice!r}"
+                )
+            self._source = source
+            self._store: FeatureStore = make_feature_store(
+                features, labels, bool(heterogeneous), edge_labels
             )
-        if form is not None and not callable(form):
-            raise ConfigError(
-                f"form must be a callable item -> (feature ids, label ids), got {form!r}"
+            check_tables_against_graph(source, self._store, seeds, form=form is not None)
+            self._sample_ahead = (any(isinstance(t, RemoteTable) for t in self._store.all_tables)
+                                  if sample_ahead is None else sample_ahead)
+            reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form,
+                                edge_label_keys(self._store))
+            table_bytes = sum(t.nbytes_local for t in self._store.all_tables)
+            self._device: Device = make_device(
+                device, gather, gather_threads, sort_ids, table_bytes
             )
-        if health_check is not None and not callable(health_check):
-            raise ConfigError(f"health_check must be a callable, got {health_check!r}")
-        if sample_ahead is not None and not isinstance(sample_ahead, bool):
-            raise ConfigError(f"sample_ahead must be None, True or False, got {sample_ahead!r}")
-        cpus = _cpu_set(producer_cpus)
-        if sampler_threads is not None and (
-            (threads := integer(sampler_threads)) is None or threads < 1
-        ):
-            raise ConfigError(
-                f"sampler_threads must be None or a positive int, got {sampler_threads!r}"
-            )
-        if producer_nice is not None and (
-            (nice := integer(producer_nice)) is None or not 0 <= nice <= MAX_NICE
-        ):
-            raise ConfigError(
-                f"producer_nice must be None or an int from 0 to {MAX_NICE} (how much the "
-                f"producer thread raises its nice value), got {producer_nice!r}"
-            )
-        self._source = source
-        self._store: FeatureStore = make_feature_store(
-            features, labels, bool(heterogeneous), edge_labels
-        )
-        check_tables_against_graph(source, self._store, seeds, form=form is not None)
-        self._sample_ahead = (any(isinstance(t, RemoteTable) for t in self._store.all_tables)
-                              if sample_ahead is None else sample_ahead)
-        reader = ItemReader(self._store.label_kind, self._store.heterogeneous, form,
-                            edge_label_keys(self._store))
-        table_bytes = sum(t.nbytes_local for t in self._store.all_tables)
-        self._device: Device = make_device(
-            device, gather, gather_threads, sort_ids, table_bytes
-        )
-        # In a DistDGL client the default is 0: the servers share the cores, and
-        # +10 there was measured mixed (docs/distributed.rst).
-        self._producer_nice = (
-            int(producer_nice) if producer_nice is not None
-            else 0 if has_dgl_client() else self._device.default_producer_nice
-        )
+        except BaseException:
+            if given_device is not None:
+                given_device.close()
+            raise
         watch: ServerWatch | None = None
         try:
+            # In a DistDGL client the default is 0: the servers share the cores, and
+            # +10 there was measured mixed (docs/distributed.rst).
+            self._producer_nice = (
+                int(producer_nice) if producer_nice is not None
+                else 0 if has_dgl_client() else self._device.default_producer_nice
+            )
             if self._producer_nice or cpus is not None:
                 # Numba's process-wide pools at this thread's priority, the producer's CPUs
                 start_threading_layer(cpus)

@@ -275,6 +275,7 @@ def test_settings_of_a_device_pingpong_makes_are_refused_with_a_given_one(kwargs
     try:
         with pytest.raises(pingpong.ConfigError, match=needle):
             PingPongLoader(make_triples(N, 1), torch.randn(N, 2), device=device, **kwargs)
+        assert device.closed  # given, it was the loader's: see the test below
     finally:
         device.close()
 
@@ -605,6 +606,29 @@ def test_a_constructor_failing_after_the_device_is_made_closes_it(monkeypatch):
         PingPongLoader([(torch.arange(3), torch.arange(1), None)], torch.randn(N, 2),
                        device=device)
     assert device.closed
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"num_buffers": 1}, pingpong.ConfigError),  # the arguments' checks
+    ({"features": torch.randn(N, 2).to_sparse()}, pingpong.TableError),  # the tables'
+    ({"labels": torch.zeros(2, dtype=torch.long)}, pingpong.TableError),  # the seeds'
+    ({"source": 3}, pingpong.ConfigError),  # the first check of all
+])
+def test_a_constructor_refusing_before_the_device_is_made_closes_a_given_one(kwargs, error):
+    """A given device is the loader's from the call on: refused before the loader
+    took it (its arguments, tables or seeds), it was left open -- on the fake
+    device, two worker threads nobody could stop (found by a mutation audit)."""
+    from pingpong.devices.fake import FakeAsyncDevice
+
+    device = FakeAsyncDevice()
+    arguments: dict[str, Any] = {"source": make_triples(N, 2), "features": torch.randn(N, 2),
+                                 **kwargs}
+    try:
+        with pytest.raises(error):
+            PingPongLoader(device=device, **arguments)
+        assert device.closed
+    finally:
+        device.close()
 
 
 class _ListWithWorkerSetting(list):

@@ -244,7 +244,8 @@ class FakeAsyncDevice(Device):
     raise, in the producer thread.  Counters: :attr:`calls` (host calls per
     method) -- e.g. "no gather was enqueued for a bad batch".
 
-    A loader given this device owns it: ``loader.close()`` closes it.
+    A loader given this device owns it: ``loader.close()`` closes it, and so
+    does a loader constructor that raises.
     """
 
     gather_mode = "fake"
