@@ -59,6 +59,10 @@ def node_seeds(minibatch: Any) -> Any:
     return None
 
 
+#: DGL's name for the one node type of a homogeneous graph.
+HOMOGENEOUS_NTYPE = "_N"
+
+
 def pipeline_node_types(source: Any) -> list[str] | None:
     """The node types of the sampling graph(s) in a GraphBolt ``DataLoader``'s
     pipeline, or None (no GraphBolt, no pipeline).
@@ -74,7 +78,7 @@ def pipeline_node_types(source: Any) -> list[str] | None:
         if isinstance(names, dict):
             types.update(names)
         elif names is None:
-            types.add("_N")
+            types.add(HOMOGENEOUS_NTYPE)
     return sorted(types) or None
 
 
@@ -100,7 +104,7 @@ def pipeline_graph_nodes(source: Any) -> SamplingGraphNodes | None:
     if isinstance(counts, dict) and all(isinstance(n, int) for n in counts.values()):
         return SamplingGraphNodes(dict(counts))
     if isinstance(counts, int):
-        return SamplingGraphNodes({"_N": counts})
+        return SamplingGraphNodes({HOMOGENEOUS_NTYPE: counts})
     return None
 
 
