@@ -140,6 +140,8 @@ def _check_node_rows(graph: Any, store: FeatureStore, seeds: Any) -> None:
         return
     if not store.heterogeneous and len(ntypes) != 1:
         return  # a homogeneous store's ids are plain: not this graph's, or form= made them
+    # A GraphBolt pipeline's counts say where they come from (pipeline_graph_nodes)
+    where = getattr(graph, "described", "the source's graph")
     for key, table in store.tables.items():
         ntype = key if store.heterogeneous else ntypes[0]
         if ntype not in ntypes:
@@ -148,10 +150,10 @@ def _check_node_rows(graph: Any, store: FeatureStore, seeds: Any) -> None:
         of_type = f" of type {ntype!r}" if store.heterogeneous else ""
         if table.num_rows < nodes:
             raise TableError(
-                f"{table.name} has {table.num_rows} rows, but the source's graph has "
-                f"{nodes} nodes{of_type}: a feature table needs a row for each, as DGL may "
-                "sample any node (a neighbour, a negative, a cluster member) -- pad it if "
-                "some can never be reached"
+                f"{table.name} has {table.num_rows} rows, but {where} has {nodes} "
+                f"nodes{of_type}: a feature table needs a row for each, as DGL may sample any node "
+                "(a neighbour, a negative, a cluster member) -- pad it if some can never be "
+                "reached"
             )
         if table.num_rows > nodes and _is_subgraph(graph, ntype):
             warnings.warn(

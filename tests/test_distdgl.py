@@ -5,7 +5,7 @@ Each job is ``tests/_subprocess_scripts/distdgl_job.py`` (or the example,
 synthetic graph, starts two DGL servers and two trainers with the
 environment DGL's launch script gives them, and writes what each process
 saw; these tests read it. After every job, each process it started must be
-gone (pid and process group) and no shared memory of it left in /dev/shm.
+gone (pid and process group) and nothing new left in /dev/shm.
 
 Skipped without DGL, or where DistDGL cannot run at all (not Linux, no
 writable /dev/shm, no 127.0.0.1); any other failure fails.
@@ -83,7 +83,7 @@ def run_job(mode: str, out: Path, part_dir: Path, env: dict[str, str] | None = N
     a server is lost leaves its ``multiprocessing`` temporary directory behind.
     """
     (out / "tmp").mkdir(exist_ok=True)
-    semaphores = named_semaphores()
+    shm_before = shm_entries()
     try:
         returncode, stdout, stderr = run_in_own_session(
             [sys.executable, str(JOB), mode, str(out), str(part_dir)], timeout=JOB_LIMIT_S,
@@ -91,7 +91,7 @@ def run_job(mode: str, out: Path, part_dir: Path, env: dict[str, str] | None = N
         assert returncode == 0, stdout[-3000:] + stderr[-3000:] + job_logs(out)
     finally:
         if (out / "pids.json").exists():
-            assert_all_gone(out / "pids.json", semaphores)
+            assert_all_gone(out / "pids.json", shm_before)
     job = json.loads((out / "job.json").read_text())
     ranks = [json.loads(p.read_text()) if p.exists() else {}
              for p in (out / f"rank{r}.json" for r in range(2))]
@@ -125,17 +125,19 @@ def live_members(pgid: int) -> list[psutil.Process]:
     return members
 
 
-def named_semaphores() -> set[str]:
-    """multiprocessing's named semaphores now in /dev/shm (``sem.mp-*``). A process's
-    resource tracker unlinks those it leaves; killed with it, the tracker leaves them."""
-    return {p.name for p in Path("/dev/shm").glob("sem.mp-*")}
+def shm_entries() -> set[str]:
+    """The names now in /dev/shm. A job may leave none of its own there: not its
+    tables (named by its token or by the graph's name), nor multiprocessing's named
+    semaphores (``sem.mp-*``, unlinked by a process's resource tracker unless the
+    tracker is killed with it), nor anything else."""
+    return {p.name for p in Path("/dev/shm").iterdir()}
 
 
-def assert_all_gone(pid_file: Path, semaphores_before: set[str], grace: float = 5.0) -> None:
-    """Every process in ``pid_file`` has exited, its process group is empty, and no
-    shared memory of the job is left: neither its tables nor a named semaphore that
-    was not there before it (``semaphores_before``). Kills what is left (so a failing
-    test leaves no orphan) and then fails."""
+def assert_all_gone(pid_file: Path, shm_before: set[str], grace: float = 5.0) -> None:
+    """Every process in ``pid_file`` has exited, its process group is empty, and the
+    job left nothing in /dev/shm: no entry that was not there before it
+    (``shm_before``, from :func:`shm_entries`). Kills what is left (so a failing test
+    leaves no orphan) and then fails."""
     entries = json.loads(pid_file.read_text())
     deadline = time.monotonic() + grace
     while True:
@@ -148,12 +150,9 @@ def assert_all_gone(pid_file: Path, semaphores_before: set[str], grace: float = 
     for entry in alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(entry["pgid"], signal.SIGKILL)
-    tokens = {e["token"] for e in entries}
-    leftovers = [p.name for p in Path("/dev/shm").iterdir() if any(t in p.name for t in tokens)]
     assert not alive, f"processes left running after the job: {alive}"
+    leftovers = sorted(shm_entries() - shm_before)
     assert not leftovers, f"shared memory left in /dev/shm: {leftovers}"
-    semaphores = sorted(named_semaphores() - semaphores_before)
-    assert not semaphores, f"named semaphores left in /dev/shm: {semaphores}"
 
 
 def assert_two_equal_epochs(epochs: list[dict[str, Any]]) -> None:
@@ -737,6 +736,42 @@ def test_example_partition_only_needs_part_dir(monkeypatch: pytest.MonkeyPatch) 
     assert exc.value.code == "--partition-only needs --part-dir"
 
 
+# DGL's partition_graph reads /proc/self/status without closing it.
+@pytest.mark.filterwarnings("ignore::ResourceWarning",
+                            "ignore::pytest.PytestUnraisableExceptionWarning")
+def test_stop_after_server_0_was_killed_leaves_nothing_in_dev_shm(tmp_path: Path) -> None:
+    """Server 0 shares its partition's graph with the trainers in /dev/shm, under the
+    graph's name. Killed (the OOM killer, ``kill -9``), it cannot unlink those
+    segments; the launcher's ``stop()`` must, and stop everything else."""
+    if (reason := distdgl_unavailable()) is not None:
+        pytest.skip(reason)
+    td = train_dist_module()
+    part_config = td.partition_synthetic(td.GraphSpec(num_nodes=2000, feat_dim=8),
+                                         tmp_path / "parts", 2, log=lambda s: None)
+    graph_name = json.loads(part_config.read_text())["graph_name"]
+    (tmp_path / "work").mkdir()
+    shm_before = shm_entries()
+    cluster = td.LocalCluster([sys.executable, str(EXAMPLE)], part_config, tmp_path / "work",
+                              num_parts=2, num_trainers=1, trainer_log_dir=tmp_path)
+    pid_file = tmp_path / "pids.json"
+    try:
+        cluster.start()
+        pid_file.write_text(json.dumps(cluster.pids()))
+        server_0 = cluster.servers[0].popen
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(graph_name) for p in Path("/dev/shm").iterdir()):
+            assert server_0.poll() is None, cluster.server_logs()
+            assert time.monotonic() < deadline, "server 0 shared no graph within 120 s"
+            time.sleep(0.1)
+        os.killpg(server_0.pid, signal.SIGKILL)
+        server_0.wait(timeout=30)
+        assert any(p.name.startswith(graph_name) for p in Path("/dev/shm").iterdir())
+    finally:
+        cluster.stop()
+        if pid_file.exists():
+            assert_all_gone(pid_file, shm_before)
+
+
 @pytest.mark.parametrize("argv", [
     ["--gather", "zerocopy"],
     pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
@@ -762,7 +797,7 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
     if (reason := distdgl_unavailable()) is not None:
         pytest.skip(reason)
     pid_file, result = tmp_path / "pids.json", tmp_path / "result.json"
-    semaphores = named_semaphores()
+    shm_before = shm_entries()
     log_dir = tmp_path / "logs" / loader  # not there yet: the launcher makes it
     tmp = tmp_path / "tmp"  # the job's temporary folders (partition, ip_config): removed
     tmp.mkdir()
@@ -775,7 +810,7 @@ def test_example_trains_and_leaves_nothing_behind(loader: str, tmp_path: Path) -
         assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     finally:
         if pid_file.exists():
-            assert_all_gone(pid_file, semaphores)
+            assert_all_gone(pid_file, shm_before)
     report = json.loads(result.read_text())
     assert report["loader"] == loader
     assert report["world_size"] == 2
@@ -815,7 +850,7 @@ def test_example_job_timeout_shows_where_each_process_was(tmp_path: Path) -> Non
     if (reason := distdgl_unavailable()) is not None:
         pytest.skip(reason)
     pid_file = tmp_path / "pids.json"
-    semaphores = named_semaphores()
+    shm_before = shm_entries()
     try:
         returncode, stdout, stderr = run_in_own_session(
             # 40 s: the trainers are training by then (about 15 s in), past their imports
@@ -824,7 +859,7 @@ def test_example_job_timeout_shows_where_each_process_was(tmp_path: Path) -> Non
              "--pid-file", str(pid_file)], timeout=JOB_LIMIT_S, cwd=tmp_path)
     finally:
         if pid_file.exists():
-            assert_all_gone(pid_file, semaphores)
+            assert_all_gone(pid_file, shm_before)
     assert returncode == 124, stdout[-4000:] + stderr[-4000:]
     assert "job timeout (40 s): stopping the job" in stdout
     for name in ("server 0", "server 1", "trainer 0", "trainer 1"):
@@ -844,7 +879,7 @@ def test_example_ctrl_c_stops_every_process(tmp_path: Path) -> None:
     if (reason := distdgl_unavailable()) is not None:
         pytest.skip(reason)
     pid_file, log = tmp_path / "pids.json", tmp_path / "out.log"
-    semaphores = named_semaphores()
+    shm_before = shm_entries()
     with open(log, "wb") as out:
         launcher = subprocess.Popen(
             [sys.executable, str(EXAMPLE), *SMALL, "--epochs", "50", "--pid-file", str(pid_file)],
@@ -869,5 +904,5 @@ def test_example_ctrl_c_stops_every_process(tmp_path: Path) -> None:
             os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
         if pid_file.exists():
-            assert_all_gone(pid_file, semaphores)
+            assert_all_gone(pid_file, shm_before)
     assert "interrupted" in log.read_text(errors="replace")

@@ -1006,6 +1006,44 @@ def test_a_short_table_over_a_graphbolt_loader_is_refused_when_the_loader_is_bui
         PingPongLoader(source, FEATURES[:NUM_NODES - 1], LABELS[:NUM_NODES - 1])
 
 
+def _two_graph_pipeline(gb: Any, small_last: bool) -> tuple[Any, int]:
+    """A GraphBolt pipeline sampling over two graph objects: the whole graph and its
+    first half (a node subgraph keeps the ids); the last stage's graph gives the
+    features' ids. Returns it and the half's node count."""
+    g = _graph()
+    half = NUM_NODES // 2
+    whole = gb.from_dglgraph(g, is_homogeneous=True)
+    first_half = gb.from_dglgraph(dgl.node_subgraph(g, torch.arange(half)),
+                                  is_homogeneous=True)
+    pipe = gb.ItemSampler(gb.ItemSet(torch.arange(half), names="seed_nodes"), batch_size=32)
+    for graph in ((whole, first_half) if small_last else (first_half, whole)):
+        pipe = pipe.sample_neighbor(graph, [3])
+    return gb.DataLoader(pipe), half
+
+
+def test_a_graphbolt_pipeline_over_several_graphs_is_checked_against_the_smallest():
+    """Which sampling graph's ids reach the features is not known when the loader is
+    built: a table short against the smallest graph is refused then (short against
+    every one); one that covers the smallest but not the graph the last stage samples
+    is refused at its first batch past its end (IdRangeError), as any short table."""
+    gb = _graphbolt()
+    source, half = _two_graph_pipeline(gb, small_last=True)
+    with pytest.raises(pingpong.TableError,
+                       match=f"the smallest of the source's 2 sampling graphs has {half} nodes"):
+        PingPongLoader(source, FEATURES[:half - 1])
+    with PingPongLoader(source, FEATURES[:half]) as loader:  # the last stage's graph: enough
+        seen = []
+        for minibatch in loader:
+            assert torch.equal(minibatch.node_features["feat"], FEATURES[minibatch.input_nodes])
+            seen.append(minibatch.seed_nodes)
+        assert torch.equal(torch.cat(seen).sort().values, torch.arange(half))
+    source, half = _two_graph_pipeline(gb, small_last=False)
+    with PingPongLoader(source, FEATURES[:half]) as loader, \
+            pytest.raises(pingpong.IdRangeError):
+        for _ in loader:
+            pass
+
+
 def test_graphbolt_pipeline_that_fetches_features_is_refused():
     gb = _graphbolt()
     source = _graphbolt_pipeline(gb, torch.arange(64), fetch=True)

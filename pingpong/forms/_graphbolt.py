@@ -83,28 +83,54 @@ def pipeline_node_types(source: Any) -> list[str] | None:
 
 
 class SamplingGraphNodes:
-    """A GraphBolt sampling graph's node types and counts, asked as of a DGL graph
-    (``ntypes``, ``num_nodes(ntype)``; a homogeneous graph's one type is ``"_N"``)."""
+    """A GraphBolt pipeline's node types and counts, asked as of a DGL graph
+    (``ntypes``, ``num_nodes(ntype)``; a homogeneous graph's one type is ``"_N"``).
+    ``described``: how an error names where the counts come from."""
 
-    def __init__(self, counts: dict[str, int]) -> None:
+    def __init__(self, counts: dict[str, int], described: str = "the source's graph") -> None:
         self.counts = counts
         self.ntypes = list(counts)
+        self.described = described
 
     def num_nodes(self, ntype: str) -> int:
         return self.counts[ntype]
 
 
 def pipeline_graph_nodes(source: Any) -> SamplingGraphNodes | None:
-    """The node counts of the one sampling graph in a GraphBolt ``DataLoader``'s
-    pipeline, or None (no GraphBolt, no pipeline, several graphs, counts unknown)."""
+    """The node counts a GraphBolt ``DataLoader``'s tables must cover, from the
+    sampling graph(s) in its pipeline; None without GraphBolt or a pipeline, or
+    when a graph's counts are unknown.
+
+    With several sampling graphs (stages over different graph objects), each
+    type's count is the smallest among the graphs that have it: which graph's
+    ids reach the features is not known here, and a table short against every
+    one is short against that one. Each batch's ids are still checked against
+    the tables, so no table is gathered past its end either way.
+    """
     graphs = _sampling_graphs(source)
-    if len(graphs) != 1:
+    merged: dict[str, int] = {}
+    for graph in graphs:
+        counts = _node_counts(graph)
+        if counts is None:
+            return None
+        for ntype, nodes in counts.items():
+            merged[ntype] = min(nodes, merged.get(ntype, nodes))
+    if not merged:
         return None
-    counts = getattr(graphs[0], "num_nodes", None)  # int, or {type: int} (heterogeneous)
+    if len(graphs) == 1:
+        return SamplingGraphNodes(merged)
+    return SamplingGraphNodes(
+        merged, described=f"the smallest of the source's {len(graphs)} sampling graphs")
+
+
+def _node_counts(graph: Any) -> dict[str, int] | None:
+    """A sampling graph's ``{type: nodes}`` (``num_nodes`` is an int, or a dict
+    for a heterogeneous graph), or None if it says no ints."""
+    counts = getattr(graph, "num_nodes", None)
     if isinstance(counts, dict) and all(isinstance(n, int) for n in counts.values()):
-        return SamplingGraphNodes(dict(counts))
+        return dict(counts)
     if isinstance(counts, int):
-        return SamplingGraphNodes({HOMOGENEOUS_NTYPE: counts})
+        return {HOMOGENEOUS_NTYPE: counts}
     return None
 
 
