@@ -21,7 +21,7 @@ from ._epoch_states import EpochState, describe_failure, ended_error
 from ._exit_hook import register_epoch
 from ._lifecycle import JOIN_TIMEOUT_S, POLL_S, SHORT_JOIN_TIMEOUT_S, join_timeout
 from ._producer import Delivery, Failure, Message, produce
-from ._threads import Latch, ThreadExit, is_current, run_marking_exit
+from ._threads import Latch, OpenEndedCalls, ThreadExit, is_current, run_marking_exit
 from .batch import LeasedBatch
 from .cache import FeatureCache
 from .devices.base import Device
@@ -132,6 +132,9 @@ class Epoch:
         #: ended epochs' producers that may still be inside the source, which this
         #: epoch's producer lets leave before iter(source) (:meth:`start_after`)
         self._after: list[ThreadExit] = []
+        #: whether the producer is inside the source or a row source's fetch (calls
+        #: that may block without bound): the exit hook waits longer for one outside
+        self.open_calls = OpenEndedCalls()
         self.thread = threading.Thread(
             target=run_marking_exit,
             args=(self.producer_exited, produce),
@@ -155,6 +158,7 @@ class Epoch:
                 "sampler_threads": sampler_threads,
                 "producer_nice": producer_nice,
                 "after": self._after,
+                "open_calls": self.open_calls,
             },
             name=f"pingpong-producer-{name}-{next(_epoch_ids)}",
             daemon=True,

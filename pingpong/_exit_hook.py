@@ -4,7 +4,9 @@ the exit hook that stops them, and closer threads.
 Interpreter exit runs :func:`_end_all_epochs`: it ends every epoch, waits (at
 most ``EXIT_RPC_WAIT_S``) for a producer still inside DGL's RPC client to
 leave it, then gives every producer thread (retired epochs' included) and
-closer thread a short join, ``EXIT_JOIN_BUDGET_S`` for all of them.
+closer thread a short join, ``EXIT_JOIN_BUDGET_S`` for all of them, and a
+producer still in its own steps (not inside the source) up to
+``EXIT_BUSY_WAIT_S`` more.
 
 Whatever would block, or close the device, and is asked for on a pingpong
 thread (a finaliser the garbage collector runs on a producer thread) is
@@ -20,13 +22,14 @@ import itertools
 import logging
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import _rpc
 from ._epoch_states import EpochState
-from ._threads import current_thread_name, join_within
+from ._threads import current_thread_name, is_current, join_within
 
 if TYPE_CHECKING:
     from ._epoch import Epoch
@@ -38,6 +41,13 @@ EXIT_JOIN_BUDGET_S = 0.5
 #: At interpreter exit, how long a producer inside a DGL call is waited for (before
 #: the joins).
 EXIT_RPC_WAIT_S = 10.0
+#: At interpreter exit, after the joins, how much longer a producer of a live epoch
+#: is waited for while it is in its own steps (a gather, a wait for a slot): each
+#: ends once it gets a CPU, which a machine too busy may not give it within the
+#: join budget. One inside the source or a row source's fetch is not waited for.
+EXIT_BUSY_WAIT_S = 5.0
+#: How often that wait looks whether the producer has entered such a call.
+BUSY_POLL_S = 0.02
 
 
 class _Process:
@@ -130,7 +140,12 @@ def _end_all_epochs() -> None:
     the source (``close()`` waits 2 s) -- and every closer thread is joined,
     ``EXIT_JOIN_BUDGET_S`` for all of them: a producer inside a gather finishes
     it, one just out of the source drops what it read, and exits; one blocked
-    inside the source is left behind and writes nothing more.
+    inside the source is left behind and writes nothing more. A live epoch's
+    producer that is still in its own steps after that -- a machine too busy
+    to give it a CPU within the budget -- is waited for up to
+    ``EXIT_BUSY_WAIT_S`` more (:func:`_wait_for_busy_producers`). (Likely what
+    aborted a run of the exit test's ``sys-exit`` scenario once, at nice 19
+    beside a CI run.)
 
     Why join one that will write nothing more: once the interpreter finalises,
     a daemon thread that takes the GIL back is ended with ``pthread_exit``, and
@@ -140,7 +155,8 @@ def _end_all_epochs() -> None:
     the producer, just out of its call, was freeing the batch it had read.
     """
     _process.exiting = True
-    for epoch in list(_process.live_epochs):
+    epochs = list(_process.live_epochs)
+    for epoch in epochs:
         epoch.end(EpochState.LOADER_CLOSED)
     # By the lock, not by the epochs: a producer whose epoch was retired while it was
     # inside a DGL call is no longer among the live epochs. Only in a process that
@@ -150,6 +166,22 @@ def _end_all_epochs() -> None:
     with _process.threads_lock:
         threads = list(_process.threads)
     join_within(threads, EXIT_JOIN_BUDGET_S)
+    _wait_for_busy_producers(epochs, EXIT_BUSY_WAIT_S)
+
+
+def _wait_for_busy_producers(epochs: list[Epoch], timeout: float) -> None:
+    """Wait, at most ``timeout`` s for all, for each producer of ``epochs`` still
+    alive, as long as it is not inside the source or a row source's fetch
+    (``Epoch.open_calls``): one in its own steps leaves once it gets a CPU (it has
+    seen ``stop``); one that enters such a call, or is in one, is left behind."""
+    deadline = time.monotonic() + timeout
+    for epoch in epochs:
+        thread = epoch.thread
+        if is_current(thread) or thread.ident is None:
+            continue
+        while (thread.is_alive() and not epoch.open_calls.now()
+               and time.monotonic() < deadline):
+            thread.join(BUSY_POLL_S)
 
 
 def _wait_for_rpc_client(timeout: float) -> None:

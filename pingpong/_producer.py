@@ -27,7 +27,7 @@ from . import _rpc
 from ._ids import TableIds, batch_ids
 from ._producer_nice import lower_this_thread_priority
 from ._sampler_threads import dgl_threads_of_this_thread, limit_dgl_threads
-from ._threads import Latch, ThreadExit
+from ._threads import Latch, OpenEndedCalls, ThreadExit
 from .cache import FeatureCache
 from .devices.base import Device, Event
 from .forms import ItemPlan, ItemReader, place_graphs
@@ -103,10 +103,11 @@ def _prepare_next(
     iterator: Iterator[Any], seq: int, *, store: FeatureStore, reader: ItemReader,
     device: Device, stop: threading.Event, poll_s: float,
     health: Callable[[], None] | None, rpc_lock: threading.Lock | None,
+    open_calls: OpenEndedCalls,
 ) -> _Prepared | _Stopped | None:
-    """Take the source's next item (holding the RPC turn, after ``health``), read and
-    check its ids, place its graphs: the batch's :class:`_Prepared`, None when the
-    source is exhausted, or ``_STOPPED``."""
+    """Take the source's next item (holding the RPC turn, after ``health``; marked in
+    ``open_calls``), read and check its ids, place its graphs: the batch's
+    :class:`_Prepared`, None when the source is exhausted, or ``_STOPPED``."""
     t0 = time.perf_counter()
     if health is not None:
         health()
@@ -114,7 +115,8 @@ def _prepare_next(
         if not held or stop.is_set():  # no source step for an ended epoch
             return _STOPPED
         try:
-            item = next(iterator)
+            with open_calls.inside():
+                item = next(iterator)
         except StopIteration:
             return None
         t1 = time.perf_counter()
@@ -150,6 +152,7 @@ def produce(
     sampler_threads: int | None = None,
     producer_nice: int = 0,
     after: Sequence[ThreadExit] = (),
+    open_calls: OpenEndedCalls | None = None,
 ) -> None:
     """Run one epoch of ``source`` into slots taken from ``free_q``.
 
@@ -175,6 +178,10 @@ def produce(
     inside ``source``, one whose ``iter()`` ends or resets the iterator they
     are in; ``iter(source)`` waits until each has left (checking ``stop``
     every ``poll_s``), so a new pass never starts under an old producer.
+
+    ``open_calls`` is marked while the thread is inside ``iter(source)``, a
+    source step or a row source's fetch -- the calls that may block without
+    bound -- and only then (the exit hook waits longer for a producer outside them).
 
     ``source_started`` is set exactly once: when
     ``iter(source)`` has returned or raised, or the thread leaves before calling
@@ -202,6 +209,7 @@ def produce(
     """
     seq = 0
     cpu_mark = time.thread_time()
+    open_calls = OpenEndedCalls() if open_calls is None else open_calls
     check = None if health is None else _TrackedCheck(health)
     try:
         try:
@@ -230,14 +238,16 @@ def produce(
                 with _rpc.holding(rpc_lock, stop, poll_s) as held:
                     if not held or stop.is_set():
                         return
-                    iterator = iter(source)  # may fork DataLoader workers: sampling time
+                    with open_calls.inside():
+                        iterator = iter(source)  # may fork DataLoader workers: sampling time
                 stats.add(sample_s=time.perf_counter() - t_iter)
             finally:
                 if source_started is not None:
                     source_started.set()
             prepare = functools.partial(_prepare_next, iterator, store=store, reader=reader,
                                         device=device, stop=stop, poll_s=poll_s,
-                                        health=check, rpc_lock=rpc_lock)
+                                        health=check, rpc_lock=rpc_lock,
+                                        open_calls=open_calls)
             pending = prepare(seq)
             while isinstance(pending, _Prepared) and not stop.is_set():
                 batch = pending
@@ -246,9 +256,10 @@ def produce(
                     if not held or stop.is_set():
                         return
                     try:
-                        fetched = _fetch_remote(store, batch.x_ids, batch.y_ids,
-                                                device.supports_local_rows, stop, poll_s,
-                                                check)
+                        with open_calls.inside():
+                            fetched = _fetch_remote(store, batch.x_ids, batch.y_ids,
+                                                    device.supports_local_rows, stop, poll_s,
+                                                    check)
                     except FetchStopped:  # ended while waiting behind another call
                         return
                 t_fetched = time.perf_counter()

@@ -1,21 +1,23 @@
 """Waiting for threads: a group against one deadline (the exit hooks' wait), and
 one-shot signals that a producer thread sets and other threads wait for safely
 under Ctrl-C (:class:`Latch`: the producer's exit, its source's start;
-:class:`ThreadExit`: a thread with its exit latch).  And which thread runs this
+:class:`ThreadExit`: a thread with its exit latch), and whether a producer is
+inside the user's open-ended calls (:class:`OpenEndedCalls`).  And which thread runs this
 code, asked without :func:`threading.current_thread` (:func:`is_current`,
 :func:`current_thread_name`)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Latch", "ThreadExit", "current_thread_name", "is_current", "join_within",
-           "run_marking_exit"]
+__all__ = ["Latch", "OpenEndedCalls", "ThreadExit", "current_thread_name", "is_current",
+           "join_within", "run_marking_exit"]
 
 
 # Why not threading.current_thread(): pingpong's closes and finalisers may run on a
@@ -74,6 +76,32 @@ class Latch:
         if not self._set and self._unset.acquire(timeout=max(0.0, timeout)):
             self._unset.release()
         return self._set
+
+
+class OpenEndedCalls:
+    """Whether one thread is inside a call that may block without bound -- the
+    source's ``iter()`` or ``next()``, a row source's fetch: the user's code -- or
+    in its own steps, each of which ends once the thread gets a CPU.
+
+    Set and cleared by that thread only (:meth:`inside`); read by any thread
+    (the exit hook waits longer for a producer outside such a call).
+    """
+
+    def __init__(self) -> None:
+        self._inside = False
+
+    @contextlib.contextmanager
+    def inside(self) -> Iterator[None]:
+        """Mark the calling thread as inside an open-ended call for the block."""
+        self._inside = True
+        try:
+            yield
+        finally:
+            self._inside = False
+
+    def now(self) -> bool:
+        """Whether the thread is inside such a call right now."""
+        return self._inside
 
 
 @dataclass(frozen=True)

@@ -602,8 +602,11 @@ def test_close_from_a_signal_handler_while_iter_or_close_waits_for_a_producer(wh
 
 EXIT_SCENARIOS = {
     "stalled-source": 0,
+    "stalled-fetch": 0,
+    "stalled-iter": 0,
     "waiting-for-slot": 0,
     "mid-gather": 0,
+    "slow-producer": 0,
     "fake-device": 0,
     "sys-exit": 3,
     "exception": 1,
@@ -885,7 +888,13 @@ def test_a_real_ctrl_c_while_waiting_for_a_producer_inside_a_persistent_worker_l
 
 
 def test_interpreter_exit_with_a_live_iterator():
-    """No "Fatal Python error", the expected exit status, and a prompt exit.
+    """No "Fatal Python error", the expected exit status, and a prompt exit; no
+    producer alive at the last exit hook but one blocked inside its source or a row
+    source's fetch (left behind: waiting for it could take forever).
+    ``slow-producer``'s producer takes 1.5 s for each of its own steps at exit (a
+    machine too busy to run it): the hook waits for it beyond its 0.5 s join
+    (``EXIT_BUSY_WAIT_S``); a producer left alive then may abort the process
+    during finalisation.
 
     Promptness is measured inside the child, from the last line of the script
     to the last exit hook: pingpong's shutdown (finalisers, joins) lies in
@@ -907,6 +916,9 @@ def test_interpreter_exit_with_a_live_iterator():
         if EXIT_SCENARIOS[name] == 0 and ("Traceback" in stderr or "Exception ignored" in stderr):
             failures.append(f"{name}: an error while exiting\n{stderr}")
         lines = [line.split() for line in stdout.splitlines()]
+        alive = [int(w[1]) for w in lines if w and w[0] == "PRODUCERS_ALIVE_AT_THE_LAST_HOOK"]
+        if alive != [1 if name.startswith("stalled-") else 0]:
+            failures.append(f"{name}: producers alive at the last exit hook: {alive}\n{stdout}")
         shutdown = [float(w[1]) for w in lines if w and w[0] == "LAST_HOOK_AFTER"]
         warm_up_ends = [float(w[1]) for w in lines if w and w[0] == "WARM_UP_ENDED_AFTER"]
         # One in-flight gather + a 0.5 s join, with room for load; a kernel
@@ -925,6 +937,11 @@ def test_interpreter_exit_with_a_live_iterator():
         if name == "mid-gather" and (not started or started[0] > 1):
             failures.append(f"{name}: gathers started after EXITING: {started}\n{stdout}")
         limit = max(limit, 2.0 + max([0.0, *gather_ends]))
+        # slow-producer: shutdown waits for its slow step; past its end, the same 2 s
+        slow_ends = [float(w[1]) for w in lines if w and w[0] == "SLOW_STEP_ENDED_AFTER"]
+        if name == "slow-producer" and not slow_ends:
+            failures.append(f"{name}: its producer took no slow step after EXITING\n{stdout}")
+        limit = max(limit, 2.0 + max([0.0, *slow_ends]))
         if "EXITING" not in stdout or not shutdown:
             failures.append(f"{name}: no exit marks in {stdout!r}\n{stderr}")
         elif shutdown[0] > limit:

@@ -2,7 +2,8 @@
 
 Usage: ``python exit_with_live_iterator.py SCENARIO``; prints ``EXITING``
 right before leaving, and ``LAST_HOOK_AFTER <seconds>`` from the last exit
-hook (pingpong's own shutdown work lies between the two), and
+hook (pingpong's own shutdown work lies between the two), with
+``PRODUCERS_ALIVE_AT_THE_LAST_HOOK <n>`` (producer threads still alive then), and
 ``WARM_UP_ENDED_AFTER <seconds>`` for each kernel warm-up still running at
 ``EXITING`` (the interpreter waits for its step in progress; see
 :mod:`pingpong.kernels._warmup`), or ``WARM_UP_UNFINISHED`` for one whose step
@@ -13,10 +14,18 @@ one to end, if it ended after ``EXITING``: shutdown waits for a gather in
 flight, which a loaded machine makes slow.  Scenarios:
 
 - ``stalled-source``: the producer is blocked inside a hung source;
+- ``stalled-iter``: the producer is blocked inside the source's ``iter()``
+  (``iter(loader)`` gave up waiting for it: ``timeout=``);
+- ``stalled-fetch``: the producer is blocked inside a row source's fetch (the
+  features are a row source whose second fetch never returns);
 - ``waiting-for-slot``: the training loop holds a batch, the producer waits
   for a free slot;
 - ``mid-gather``: big batches, so the producer is inside a parallel Numba
   gather when the main thread returns (the loader is garbage-collected then);
+- ``slow-producer``: once ``EXITING`` is printed, one of the producer's own
+  steps after its fill (its bookkeeping: ``LoaderStats.add``) takes 1.5 s, as
+  on a machine too busy to run it, while the interpreter exits with the loader
+  alive (``SLOW_STEP_ENDED_AFTER <seconds>``);
 - ``fake-device``: the fake device's streams still have delayed work queued;
 - ``sys-exit``: ``sys.exit(3)`` inside the training loop;
 - ``exception``: an uncaught exception inside the training loop.
@@ -28,6 +37,7 @@ global, as in a script, so they are still alive when the interpreter exits.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import sys
 import threading
 import time
@@ -36,12 +46,17 @@ from typing import Any
 _marked: list[float] = []
 _warm_ups_at_exit: list = []
 _big_gathers: list[tuple[float, float]] = []  # (start, end) of each, monotonic
+_slow_step_ends: list[float] = []  # slow-producer: when its slow step ended, monotonic
 
 
 @atexit.register  # registered first, so it runs after every other exit hook
 def _report() -> None:
     if _marked:
         print(f"LAST_HOOK_AFTER {time.monotonic() - _marked[0]:.3f}", flush=True)
+    alive = [t for t in threading.enumerate() if t.name.startswith("pingpong-producer")]
+    print(f"PRODUCERS_ALIVE_AT_THE_LAST_HOOK {len(alive)}", flush=True)
+    if _marked and _slow_step_ends:
+        print(f"SLOW_STEP_ENDED_AFTER {_slow_step_ends[0] - _marked[0]:.3f}", flush=True)
     if _marked and sys.argv[1] == "mid-gather":
         after = [(start, end) for start, end in _big_gathers if end > _marked[0]]
         print(f"GATHERS_STARTED_AFTER_EXITING {sum(s > _marked[0] for s, _ in after)}",
@@ -67,9 +82,10 @@ def mark_exiting() -> None:
 
 import torch  # noqa: E402 - after the hook above, on purpose
 
-from pingpong import PingPongLoader  # noqa: E402
+from pingpong import BatchTimeoutError, PingPongLoader  # noqa: E402
 from pingpong.devices.cpu import CPUDevice  # noqa: E402
 from pingpong.devices.fake import FakeAsyncDevice  # noqa: E402
+from pingpong.stats import LoaderStats  # noqa: E402
 
 N = 20_000
 
@@ -92,6 +108,30 @@ class Stalled:
         threading.Event().wait()
 
 
+class StalledIter:
+    """A source whose ``iter()`` never returns."""
+
+    def __iter__(self) -> Any:
+        threading.Event().wait()
+
+
+class StalledRows:
+    """A row source (pingpong.rowsource) whose first fetch answers and whose later
+    ones hang."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+        self.shape = tuple(table.shape)
+        self.dtype = table.dtype
+        self.calls = 0
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls > 1:
+            threading.Event().wait()
+        return self.table[ids]
+
+
 _alive: list = []
 
 
@@ -111,12 +151,36 @@ def _time_gathers_of(row_bytes: int) -> None:
     setattr(CPUDevice, "gather", timed)  # noqa: B010 - the method, for this process
 
 
+def _slow_producer_steps_once_exiting(seconds: float) -> None:
+    """After ``EXITING``, the first ``LoaderStats.add`` on a producer thread sleeps
+    first; records when that sleep ended."""
+    add = LoaderStats.add
+
+    def slow(self: LoaderStats, **amounts: float) -> None:
+        if (_marked and not _slow_step_ends
+                and threading.current_thread().name.startswith("pingpong-producer")):
+            time.sleep(seconds)
+            _slow_step_ends.append(time.monotonic())
+        add(self, **amounts)
+
+    setattr(LoaderStats, "add", slow)  # noqa: B010 - the method, for this process
+
+
 def main() -> None:
     scenario = sys.argv[1]
     features = torch.randn(N, 16)
     labels = torch.arange(N)
     if scenario == "stalled-source":
         loader = PingPongLoader(Stalled(), features, labels)
+        it = iter(loader)
+        next(it)
+    elif scenario == "stalled-iter":
+        loader = PingPongLoader(StalledIter(), features, labels, timeout=0.5)
+        with contextlib.suppress(BatchTimeoutError):  # it waited 0.5 s for iter(source)
+            iter(loader)
+        it = None
+    elif scenario == "stalled-fetch":
+        loader = PingPongLoader(small_batches(), StalledRows(features), labels)
         it = iter(loader)
         next(it)
     elif scenario == "waiting-for-slot":
@@ -131,6 +195,11 @@ def main() -> None:
         loader = PingPongLoader(source, big, labels, num_buffers=3)
         it = iter(loader)
         next(it)  # one slot held; the producer gathers the next ones now
+    elif scenario == "slow-producer":
+        _slow_producer_steps_once_exiting(1.5)
+        loader = PingPongLoader(small_batches(), features, labels)
+        it = iter(loader)
+        next(it)
     elif scenario == "fake-device":
         device = FakeAsyncDevice(seed=0, max_delay_s=0.05)
         loader = PingPongLoader(small_batches(), features, labels, device=device)
