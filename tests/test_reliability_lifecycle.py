@@ -75,6 +75,9 @@ def test_early_exit(how, keep_reference, device_kind):
     parks on the free queue (no CPU, no run-ahead) until the next ``iter()``
     or ``close()``, which must stop it within 2 s.
     """
+    # Earlier tests' garbage first: the timed gc.collect() below would collect it too,
+    # and a GraphBolt DataLoader with workers (test_forms) takes 5 s per worker.
+    gc.collect()
     triples = seq_triples(N, 30)
     features, labels = make_table(), make_table(N, (), torch.int64)
     baseline = settled_thread_count()
