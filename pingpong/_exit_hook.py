@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from . import _rpc
 from ._epoch_states import EpochState
-from ._threads import current_thread_name, is_current, join_within
+from ._threads import OpenEndedCalls, current_thread_name, is_current, join_within
 
 if TYPE_CHECKING:
     from ._epoch import Epoch
@@ -41,10 +41,12 @@ EXIT_JOIN_BUDGET_S = 0.5
 #: At interpreter exit, how long a producer inside a DGL call is waited for (before
 #: the joins).
 EXIT_RPC_WAIT_S = 10.0
-#: At interpreter exit, after the joins, how much longer a producer of a live epoch
-#: is waited for while it is in its own steps (a gather, a wait for a slot): each
-#: ends once it gets a CPU, which a machine too busy may not give it within the
-#: join budget. One inside the source or a row source's fetch is not waited for.
+#: At interpreter exit, after the joins, how much longer a producer (retired
+#: epochs' included) is waited for while it is in its own steps -- a gather, a
+#: copy, a wait for a slot, dropping what it read: bounded, unless the device
+#: hangs -- which a machine too busy may not run within the join budget. One
+#: inside the source or a row source's fetch (which may never return) is not
+#: waited for. At most this long in all, also when the hook runs twice.
 EXIT_BUSY_WAIT_S = 5.0
 #: How often that wait looks whether the producer has entered such a call.
 BUSY_POLL_S = 0.02
@@ -60,6 +62,12 @@ class _Process:
         # Every producer thread -- also those of retired epochs that outlived their
         # join (still inside the source) -- and closer thread: the exit hook joins them.
         self.threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+        # Each producer thread's marks of the open-ended calls it is in (by thread,
+        # not by epoch: a retired epoch may be gone while its producer still runs).
+        self.open_calls: weakref.WeakKeyDictionary[threading.Thread, OpenEndedCalls] = (
+            weakref.WeakKeyDictionary())
+        # When the exit hook stops waiting for busy producers (set by its first run).
+        self.busy_deadline: float | None = None
         # Re-entrant: a finaliser the garbage collector runs while this thread holds
         # it may start a closer thread (run_off_pingpong_threads).
         self.threads_lock = threading.RLock()
@@ -74,6 +82,8 @@ class _Process:
 
     def register(self, epoch: Epoch) -> None:
         self.add_thread(epoch.thread)
+        with self.threads_lock:
+            self.open_calls[epoch.thread] = epoch.open_calls
         with self.lock:
             self.live_epochs.add(epoch)
             if not self.hook_registered:
@@ -140,10 +150,10 @@ def _end_all_epochs() -> None:
     the source (``close()`` waits 2 s) -- and every closer thread is joined,
     ``EXIT_JOIN_BUDGET_S`` for all of them: a producer inside a gather finishes
     it, one just out of the source drops what it read, and exits; one blocked
-    inside the source is left behind and writes nothing more. A live epoch's
-    producer that is still in its own steps after that -- a machine too busy
-    to give it a CPU within the budget -- is waited for up to
-    ``EXIT_BUSY_WAIT_S`` more (:func:`_wait_for_busy_producers`). (Likely what
+    inside the source is left behind and writes nothing more. A producer that
+    is still in its own steps after that -- a machine too busy to run it within
+    the budget -- is waited for up to ``EXIT_BUSY_WAIT_S`` more
+    (:func:`_wait_for_busy_producers`). (Likely what
     aborted a run of the exit test's ``sys-exit`` scenario once, at nice 19
     beside a CI run.)
 
@@ -155,8 +165,7 @@ def _end_all_epochs() -> None:
     the producer, just out of its call, was freeing the batch it had read.
     """
     _process.exiting = True
-    epochs = list(_process.live_epochs)
-    for epoch in epochs:
+    for epoch in list(_process.live_epochs):
         epoch.end(EpochState.LOADER_CLOSED)
     # By the lock, not by the epochs: a producer whose epoch was retired while it was
     # inside a DGL call is no longer among the live epochs. Only in a process that
@@ -166,21 +175,24 @@ def _end_all_epochs() -> None:
     with _process.threads_lock:
         threads = list(_process.threads)
     join_within(threads, EXIT_JOIN_BUDGET_S)
-    _wait_for_busy_producers(epochs, EXIT_BUSY_WAIT_S)
+    _wait_for_busy_producers(EXIT_BUSY_WAIT_S)
 
 
-def _wait_for_busy_producers(epochs: list[Epoch], timeout: float) -> None:
-    """Wait, at most ``timeout`` s for all, for each producer of ``epochs`` still
-    alive, as long as it is not inside the source or a row source's fetch
-    (``Epoch.open_calls``): one in its own steps leaves once it gets a CPU (it has
-    seen ``stop``); one that enters such a call, or is in one, is left behind."""
-    deadline = time.monotonic() + timeout
-    for epoch in epochs:
-        thread = epoch.thread
+def _wait_for_busy_producers(timeout: float) -> None:
+    """Wait for each producer thread still alive (retired epochs' included) as long
+    as it is not inside the source or a row source's fetch (``Epoch.open_calls``):
+    one in its own steps has seen ``stop`` and leaves once it runs; one that
+    enters such a call, or is in one, is left behind. ``timeout`` s at most in
+    all, counted from this hook's first run (in a DistDGL process it runs twice)."""
+    if _process.busy_deadline is None:
+        _process.busy_deadline = time.monotonic() + timeout
+    deadline = _process.busy_deadline
+    with _process.threads_lock:
+        producers = list(_process.open_calls.items())
+    for thread, calls in producers:
         if is_current(thread) or thread.ident is None:
             continue
-        while (thread.is_alive() and not epoch.open_calls.now()
-               and time.monotonic() < deadline):
+        while thread.is_alive() and not calls.now() and time.monotonic() < deadline:
             thread.join(BUSY_POLL_S)
 
 

@@ -29,7 +29,8 @@ interpreter exit      :func:`pingpong._exit_hook._end_all_epochs`: end every
                       epoch; wait (at most 10 s) for a producer still inside
                       DGL's RPC client to leave it; then short joins of every
                       producer thread (retired epochs' included) and closer
-                      thread
+                      thread, and up to 5 s more for a producer still in its
+                      own steps (not inside the source or a row source's fetch)
 ====================  =========================================================
 
 Whatever would block, or close the device, and is asked for on a pingpong

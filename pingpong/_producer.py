@@ -109,6 +109,8 @@ def _prepare_next(
     ``open_calls``), read and check its ids, place its graphs: the batch's
     :class:`_Prepared`, None when the source is exhausted, or ``_STOPPED``."""
     t0 = time.perf_counter()
+    if stop.is_set():  # an ended epoch asks nothing more of the user's code
+        return _STOPPED
     if health is not None:
         health()
     with _rpc.holding(rpc_lock, stop, poll_s) as held:
@@ -119,6 +121,8 @@ def _prepare_next(
                 item = next(iterator)
         except StopIteration:
             return None
+        if stop.is_set():  # ended during the step: the item is dropped, not read
+            return _STOPPED
         t1 = time.perf_counter()
         plan = reader.read(item, seq)
         x_ids, y_ids = batch_ids(

@@ -81,7 +81,7 @@ class Latch:
 class OpenEndedCalls:
     """Whether one thread is inside a call that may block without bound -- the
     source's ``iter()`` or ``next()``, a row source's fetch: the user's code -- or
-    in its own steps, each of which ends once the thread gets a CPU.
+    in its own steps, each bounded (unless the device hangs).
 
     Set and cleared by that thread only (:meth:`inside`); read by any thread
     (the exit hook waits longer for a producer outside such a call).

@@ -133,11 +133,32 @@ def shm_entries() -> set[str]:
     return {p.name for p in Path("/dev/shm").iterdir()}
 
 
+def shm_held() -> set[str]:
+    """The names in /dev/shm that a live process has mapped or open: another
+    program's (a test run beside this one), not a dead job's leftovers."""
+    held = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for line in (proc / "maps").read_text().splitlines():
+                if (at := line.find("/dev/shm/")) >= 0:
+                    held.add(line[at + len("/dev/shm/"):].removesuffix(" (deleted)"))
+        with contextlib.suppress(OSError):
+            for fd in (proc / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("/dev/shm/"):
+                        held.add(target[len("/dev/shm/"):])
+    return held
+
+
 def assert_all_gone(pid_file: Path, shm_before: set[str], grace: float = 5.0) -> None:
     """Every process in ``pid_file`` has exited, its process group is empty, and the
     job left nothing in /dev/shm: no entry that was not there before it
-    (``shm_before``, from :func:`shm_entries`). Kills what is left (so a failing test
-    leaves no orphan) and then fails."""
+    (``shm_before``, from :func:`shm_entries`) and that no live process holds
+    (:func:`shm_held`; the job's are all gone by then). Kills what is left (so a
+    failing test leaves no orphan) and then fails."""
     entries = json.loads(pid_file.read_text())
     deadline = time.monotonic() + grace
     while True:
@@ -151,7 +172,7 @@ def assert_all_gone(pid_file: Path, shm_before: set[str], grace: float = 5.0) ->
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(entry["pgid"], signal.SIGKILL)
     assert not alive, f"processes left running after the job: {alive}"
-    leftovers = sorted(shm_entries() - shm_before)
+    leftovers = sorted(shm_entries() - shm_before - shm_held())
     assert not leftovers, f"shared memory left in /dev/shm: {leftovers}"
 
 

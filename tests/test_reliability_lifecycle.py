@@ -38,6 +38,7 @@ from test_reliability import (
 
 import pingpong
 import pingpong._epoch as epoch_module
+import pingpong._exit_hook as exit_hook_module
 import pingpong._lifecycle as lifecycle_module
 import pingpong.devices.cpu as cpu_device_module
 import pingpong.kernels._warmup as warmup_module
@@ -610,8 +611,10 @@ EXIT_SCENARIOS = {
     "waiting-for-slot": 0,
     "mid-gather": 0,
     "slow-producer": 0,
+    "stuck-producer": 0,
     "fake-device": 0,
     "sys-exit": 3,
+    "sys-exit-slow": 3,
     "exception": 1,
 }
 
@@ -894,10 +897,11 @@ def test_interpreter_exit_with_a_live_iterator():
     """No "Fatal Python error", the expected exit status, and a prompt exit; no
     producer alive at the last exit hook but one blocked inside its source or a row
     source's fetch (left behind: waiting for it could take forever).
-    ``slow-producer``'s producer takes 1.5 s for each of its own steps at exit (a
-    machine too busy to run it): the hook waits for it beyond its 0.5 s join
+    ``slow-producer``'s producer takes a step of its own that lasts until 1.5 s
+    into the exit hooks (a machine too busy to run it): the hook waits for it beyond its 0.5 s join
     (``EXIT_BUSY_WAIT_S``); a producer left alive then may abort the process
-    during finalisation.
+    during finalisation. So in ``sys-exit-slow``, whose loader is closed before
+    the hook runs; and ``stuck-producer``'s 60 s step is waited for 5 s, no longer.
 
     Promptness is measured inside the child, from the last line of the script
     to the last exit hook: pingpong's shutdown (finalisers, joins) lies in
@@ -920,7 +924,7 @@ def test_interpreter_exit_with_a_live_iterator():
             failures.append(f"{name}: an error while exiting\n{stderr}")
         lines = [line.split() for line in stdout.splitlines()]
         alive = [int(w[1]) for w in lines if w and w[0] == "PRODUCERS_ALIVE_AT_THE_LAST_HOOK"]
-        if alive != [1 if name.startswith("stalled-") else 0]:
+        if alive != [1 if name.startswith("stalled-") or name == "stuck-producer" else 0]:
             failures.append(f"{name}: producers alive at the last exit hook: {alive}\n{stdout}")
         shutdown = [float(w[1]) for w in lines if w and w[0] == "LAST_HOOK_AFTER"]
         warm_up_ends = [float(w[1]) for w in lines if w and w[0] == "WARM_UP_ENDED_AFTER"]
@@ -940,11 +944,14 @@ def test_interpreter_exit_with_a_live_iterator():
         if name == "mid-gather" and (not started or started[0] > 1):
             failures.append(f"{name}: gathers started after EXITING: {started}\n{stdout}")
         limit = max(limit, 2.0 + max([0.0, *gather_ends]))
-        # slow-producer: shutdown waits for its slow step; past its end, the same 2 s
+        # slow-producer, sys-exit-slow: shutdown waits for the slow step; past its end,
+        # the same 2 s. stuck-producer's is waited for EXIT_BUSY_WAIT_S, no longer.
         slow_ends = [float(w[1]) for w in lines if w and w[0] == "SLOW_STEP_ENDED_AFTER"]
-        if name == "slow-producer" and not slow_ends:
+        if name in ("slow-producer", "sys-exit-slow") and not slow_ends:
             failures.append(f"{name}: its producer took no slow step after EXITING\n{stdout}")
         limit = max(limit, 2.0 + max([0.0, *slow_ends]))
+        if name == "stuck-producer":
+            limit = max(limit, 2.0 + max([0.0, *warm_up_ends]) + exit_hook_module.EXIT_BUSY_WAIT_S)
         if "EXITING" not in stdout or not shutdown:
             failures.append(f"{name}: no exit marks in {stdout!r}\n{stderr}")
         elif shutdown[0] > limit:

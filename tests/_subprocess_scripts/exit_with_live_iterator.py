@@ -15,23 +15,31 @@ flight, which a loaded machine makes slow.  Scenarios:
 
 - ``stalled-source``: the producer is blocked inside a hung source;
 - ``stalled-iter``: the producer is blocked inside the source's ``iter()``
-  (``iter(loader)`` gave up waiting for it: ``timeout=``);
+  (``iter(loader)`` gave up waiting for it: ``timeout=``; tried again until a
+  producer got there);
 - ``stalled-fetch``: the producer is blocked inside a row source's fetch (the
   features are a row source whose second fetch never returns);
 - ``waiting-for-slot``: the training loop holds a batch, the producer waits
   for a free slot;
 - ``mid-gather``: big batches, so the producer is inside a parallel Numba
   gather when the main thread returns (the loader is garbage-collected then);
-- ``slow-producer``: once ``EXITING`` is printed, one of the producer's own
-  steps after its fill (its bookkeeping: ``LoaderStats.add``) takes 1.5 s, as
-  on a machine too busy to run it, while the interpreter exits with the loader
-  alive (``SLOW_STEP_ENDED_AFTER <seconds>``);
+- ``slow-producer``: once ``EXITING`` is printed, the producer's next step of
+  its own (its bookkeeping, ``LoaderStats.add``, after a fill or as it leaves)
+  lasts until 1.5 s after the exit hooks began, as on a machine too busy to run
+  it, while the interpreter exits with the loader alive
+  (``SLOW_STEP_ENDED_AFTER <seconds>``);
+- ``stuck-producer``: the same step lasts 60 s past that (the wait for it is
+  bounded);
+- ``sys-exit-slow``: ``sys-exit`` with that 1.5 s step, which outlasts the
+  loader's close (run as ``sys.exit`` frees the loader, before the exit hooks);
 - ``fake-device``: the fake device's streams still have delayed work queued;
 - ``sys-exit``: ``sys.exit(3)`` inside the training loop;
 - ``exception``: an uncaught exception inside the training loop.
 
-Except for ``mid-gather``, the loader and iterator are kept in a module
-global, as in a script, so they are still alive when the interpreter exits.
+Except for ``mid-gather`` and the three that leave the training loop
+(``sys-exit``, ``sys-exit-slow``, ``exception``), the loader and iterator are
+kept in a module global, as in a script, so they are still alive when the
+interpreter exits.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ _marked: list[float] = []
 _warm_ups_at_exit: list = []
 _big_gathers: list[tuple[float, float]] = []  # (start, end) of each, monotonic
 _slow_step_ends: list[float] = []  # slow-producer: when its slow step ended, monotonic
+_hooks_began: list[float] = []  # when the exit hooks began, monotonic
 
 
 @atexit.register  # registered first, so it runs after every other exit hook
@@ -102,17 +111,26 @@ def small_batches(n: int = 50) -> list:
     ]
 
 
+#: Set by the stalled sources as the producer enters the call that never returns.
+_entered = threading.Event()
+
+
+def _hang() -> None:
+    _entered.set()
+    threading.Event().wait()
+
+
 class Stalled:
     def __iter__(self):
         yield (torch.arange(10), torch.arange(4), None)
-        threading.Event().wait()
+        _hang()
 
 
 class StalledIter:
     """A source whose ``iter()`` never returns."""
 
     def __iter__(self) -> Any:
-        threading.Event().wait()
+        _hang()
 
 
 class StalledRows:
@@ -128,7 +146,7 @@ class StalledRows:
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if self.calls > 1:
-            threading.Event().wait()
+            _hang()
         return self.table[ids]
 
 
@@ -152,18 +170,29 @@ def _time_gathers_of(row_bytes: int) -> None:
 
 
 def _slow_producer_steps_once_exiting(seconds: float) -> None:
-    """After ``EXITING``, the first ``LoaderStats.add`` on a producer thread sleeps
-    first; records when that sleep ended."""
+    """After ``EXITING``, the first ``LoaderStats.add`` on a producer thread lasts
+    until ``seconds`` after the exit hooks began (:func:`_exit_hooks_begin`, so
+    that it outlasts pingpong's join however long the interpreter took to get
+    there); records when it ended."""
     add = LoaderStats.add
 
     def slow(self: LoaderStats, **amounts: float) -> None:
         if (_marked and not _slow_step_ends
                 and threading.current_thread().name.startswith("pingpong-producer")):
-            time.sleep(seconds)
+            give_up = time.monotonic() + 120
+            while not _hooks_began and time.monotonic() < give_up:
+                time.sleep(0.01)
+            time.sleep(max(0.0, (_hooks_began or [give_up])[0] + seconds - time.monotonic()))
             _slow_step_ends.append(time.monotonic())
         add(self, **amounts)
 
     setattr(LoaderStats, "add", slow)  # noqa: B010 - the method, for this process
+
+
+def _exit_hooks_begin() -> None:
+    """Registered after pingpong's exit hook (the loader's first epoch registers
+    it), so it runs before: the exit hooks' start."""
+    atexit.register(lambda: _hooks_began.append(time.monotonic()))
 
 
 def main() -> None:
@@ -174,15 +203,20 @@ def main() -> None:
         loader = PingPongLoader(Stalled(), features, labels)
         it = iter(loader)
         next(it)
+        assert _entered.wait(60)  # the producer is inside the hung source
     elif scenario == "stalled-iter":
         loader = PingPongLoader(StalledIter(), features, labels, timeout=0.5)
-        with contextlib.suppress(BatchTimeoutError):  # it waited 0.5 s for iter(source)
-            iter(loader)
+        for _ in range(120):  # until a producer got into iter(source) within the 0.5 s
+            with contextlib.suppress(BatchTimeoutError):
+                iter(loader)
+            if _entered.is_set():
+                break
         it = None
     elif scenario == "stalled-fetch":
         loader = PingPongLoader(small_batches(), StalledRows(features), labels)
         it = iter(loader)
         next(it)
+        assert _entered.wait(60)  # the producer is inside the hung fetch
     elif scenario == "waiting-for-slot":
         loader = PingPongLoader(small_batches(), features, labels)
         it = iter(loader)
@@ -195,11 +229,12 @@ def main() -> None:
         loader = PingPongLoader(source, big, labels, num_buffers=3)
         it = iter(loader)
         next(it)  # one slot held; the producer gathers the next ones now
-    elif scenario == "slow-producer":
-        _slow_producer_steps_once_exiting(1.5)
+    elif scenario in ("slow-producer", "stuck-producer"):
+        _slow_producer_steps_once_exiting(1.5 if scenario == "slow-producer" else 60.0)
         loader = PingPongLoader(small_batches(), features, labels)
         it = iter(loader)
         next(it)
+        _exit_hooks_begin()
     elif scenario == "fake-device":
         device = FakeAsyncDevice(seed=0, max_delay_s=0.05)
         loader = PingPongLoader(small_batches(), features, labels, device=device)
@@ -207,12 +242,15 @@ def main() -> None:
         for _ in range(3):
             batch = next(it)
             device.consumer_submit(batch.x.sum)
-    elif scenario in ("sys-exit", "exception"):
+    elif scenario in ("sys-exit", "sys-exit-slow", "exception"):
+        if scenario == "sys-exit-slow":  # past the loader's close, which sys.exit runs
+            _slow_producer_steps_once_exiting(1.5)
         loader = PingPongLoader(small_batches(), features, labels)
         for i, _batch in enumerate(loader):
             if i == 2:
+                _exit_hooks_begin()
                 mark_exiting()
-                if scenario == "sys-exit":
+                if scenario in ("sys-exit", "sys-exit-slow"):
                     sys.exit(3)
                 raise RuntimeError("the training loop failed")
     else:
