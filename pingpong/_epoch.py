@@ -512,12 +512,15 @@ class Epoch:
                 pass  # a fill in flight finishes; the producer re-checks `stop` before the next
             if not self.producer_exited.wait(join_s):
                 log = logger.warning if join_s >= join_timeout() else logger.debug
-                log(
-                    "%s is still blocked inside the source after %.1f s; it will write "
-                    "nothing more and exits when the source returns",
-                    self.thread.name,
-                    join_s,
-                )
+                if self.open_calls.now():
+                    log("%s is still blocked inside the source after %.1f s; it will "
+                        "write nothing more and exits when the source returns",
+                        self.thread.name, join_s)
+                else:  # its own steps, or the source iterator's clean-up at its exit
+                    log("%s is still running after %.1f s, not inside the source or a "
+                        "fetch (a form= callable, moving graphs to the device, or the "
+                        "source iterator's clean-up); it will write nothing more and "
+                        "exits when that returns", self.thread.name, join_s)
                 return
         # Past its mark, the thread still tears down: Thread.run drops the source,
         # device and queues it was given (their last references, maybe), then its

@@ -142,9 +142,14 @@ class Lease:
                     "this batch's slot was handed back when the next batch was requested "
                     "(or a new epoch started); clone() a batch to keep it longer"
                 )
-            used = self.device.consumer_wait(self.ready_event, stream)
+            # Held before the wait is queued: a Ctrl-C (or device error) that lands
+            # once the stream waits must not leave it off the release events --
+            # the producer would refill the slot under its work.  A stream held
+            # that never got to wait costs one spare release event.
+            used = self.device.resolve_consumer_stream(stream)
             if not any(used == known for known in self.streams):
                 self.streams.append(used)
+            self.device.consumer_wait(self.ready_event, used)
 
     def end(self) -> tuple[Any, ...] | None:
         """Record release events on every stream that used the batch and give them

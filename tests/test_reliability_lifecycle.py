@@ -400,6 +400,43 @@ def test_stalled_source_times_out_and_the_stuck_producer_never_writes(caplog):
         assert device.calls["gather"] == gathers_before + 2 * 20  # nothing from the old one
 
 
+def test_a_producer_slow_outside_the_source_is_not_said_to_be_inside_it(caplog):
+    """The warning when a new epoch gives up waiting for the last epoch's producer
+    says where that producer is: blocked inside the source (the test above), or
+    -- here, a ``form=`` callable that takes long -- busy in a step of its own."""
+    items = [{"nodes": torch.arange(i, i + 20), "seeds": torch.arange(i, i + 4)}
+             for i in range(0, 200, 10)]
+    features, labels = make_table(), make_table(N, (), torch.int64)
+    inside, release = threading.Event(), threading.Event()
+
+    def form(item: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if int(item["nodes"][0]) == 30 and not release.is_set():
+            inside.set()
+            release.wait(30)
+        return item["nodes"], item["seeds"]
+
+    caplog.set_level(logging.WARNING, logger="pingpong._epoch")
+    try:
+        with PingPongLoader(items, features, labels, form=form, timeout=0.3) as loader:
+            it = iter(loader)
+            for _ in range(3):
+                next(it)
+            assert inside.wait(10)
+            with pytest.raises(pingpong.BatchTimeoutError):
+                next(it)
+            (slow,) = producer_threads()
+            new_epoch = iter(loader)  # waits up to 2 s for the slow producer, then goes on
+            assert f"{slow.name} is still running after 2.0 s, not inside the source or " \
+                "a fetch" in caplog.text
+            assert "blocked inside the source" not in caplog.text
+            release.set()
+            for batch in new_epoch:
+                assert torch.equal(batch.x, features[batch.item["nodes"]])
+            assert wait_until(lambda: not slow.is_alive(), 5.0)
+    finally:
+        release.set()
+
+
 def test_no_timeout_waits_for_slow_sampling_on_the_fake_device():
     triples = seq_triples(N, 4)
     source = SeqSource(triples, shuffle=False)

@@ -497,10 +497,16 @@ class StreamLog(CPUDevice):
     def __init__(self) -> None:
         super().__init__(1)
         self.log: list[tuple[str, Any]] = []
+        self.interrupt_on: Any = None
+
+    def resolve_consumer_stream(self, stream: Any = None) -> Any:
+        return "current" if stream is None else stream
 
     def consumer_wait(self, event: Any, stream: Any = None) -> Any:
-        used = "current" if stream is None else stream
+        used = self.resolve_consumer_stream(stream)
         self.log.append(("wait", used))
+        if used == self.interrupt_on:
+            raise KeyboardInterrupt  # a Ctrl-C once the stream waits for the batch
         return used
 
     def consumer_record(self, stream: Any = None) -> Any:
@@ -522,6 +528,23 @@ def test_a_lease_releases_on_every_stream_the_batch_was_used_on():
         lease.use_on("late")
     assert [entry for entry in device.log if entry[0] == "record"] == [
         ("record", "current"), ("record", "side")]
+
+
+def test_a_ctrl_c_inside_use_on_still_holds_the_slot_on_that_stream():
+    """A Ctrl-C that lands once the stream waits for the batch, before ``use_on``
+    returns: the stream may already run work on the batch, so the slot must not
+    go back to the producer before that work is done -- ``end()`` records a
+    release event on it too."""
+    device = StreamLog()
+    store = make_feature_store(torch.zeros(4, 2))
+    (slot,) = make_slots(store, 1, "initial")
+    lease = Lease(slot, device, COMPLETED)
+    lease.use_on(None)
+    device.interrupt_on = "side"
+    with pytest.raises(KeyboardInterrupt):
+        lease.use_on("side")
+    assert ("wait", "side") in device.log
+    assert lease.end() == (("released-on", "current"), ("released-on", "side"))
 
 
 def test_batch_record_stream_goes_through_the_lease_until_the_next_batch():

@@ -182,6 +182,12 @@ class Device(abc.ABC):
         """Copy stream: an event completing when all work enqueued so far is done."""
 
     # -- consumer stream (training thread) ----------------------------------
+    def resolve_consumer_stream(self, stream: Any = None) -> Any:
+        """The stream ``stream`` names (``None``: the current one), as
+        :meth:`consumer_wait` would use it and :meth:`consumer_record` takes it.
+        Here: ``stream`` itself (a device with one consumer stream)."""
+        return stream
+
     @abc.abstractmethod
     def consumer_wait(self, event: Event, stream: Any = None) -> Any:
         """Later work on ``stream`` (default: the current one) waits for ``event``.

@@ -190,6 +190,9 @@ class CUDADevice(Device):
         self._copy.stream.synchronize()
 
     # -- consumer streams --------------------------------------------------------
+    def resolve_consumer_stream(self, stream: Any = None) -> Any:
+        return self._copy.resolve_consumer_stream(stream)
+
     def consumer_wait(self, event: Event, stream: Any = None) -> Any:
         return self._copy.consumer_wait(event, stream)
 

@@ -195,9 +195,12 @@ class CopyStream:
         return ready
 
     # -- consumer streams --------------------------------------------------------
+    def resolve_consumer_stream(self, stream: Any = None) -> Any:
+        """``stream``, or the current stream of this device for ``None``."""
+        return torch.cuda.current_stream(self.device) if stream is None else stream
+
     def consumer_wait(self, event: Event, stream: Any = None) -> Any:
-        if stream is None:
-            stream = torch.cuda.current_stream(self.device)
+        stream = self.resolve_consumer_stream(stream)
         if isinstance(event, CudaEvent):
             stream.wait_event(event.event)
             for tensor in event.tensors:
