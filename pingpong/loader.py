@@ -195,7 +195,7 @@ class PingPongLoader(Iterable[Any]):
             process-wide pools of its ``workqueue`` and ``tbb`` layers do not
             inherit a producer's priority; under those layers pingpong's CPU
             gathers run on that pool, at the calling thread's priority (under
-            ``omp``, Numba's choice where ``tbb`` is not installed, at the
+            ``omp``, pingpong's first choice wherever it loads, at the
             producer's).
 
     Batch lifetime: ``batch.x``/``batch.y`` are views into a slot, valid until

@@ -3,8 +3,8 @@
 :class:`FakeAsyncDevice` keeps slots in host memory but, unlike
 :class:`~pingpong.devices.cpu.CPUDevice`, it does not do the work when it is
 asked to.  Like a GPU it has two ordered queues of work (*streams*), each
-executed later by its own worker thread (``pingpong-fake-copy-*`` and
-``pingpong-fake-consumer-*``), each operation after a seeded random delay:
+executed later by its own worker thread (``pingpong-fake-<n>-copy`` and
+``pingpong-fake-<n>-consumer``), each operation after a seeded random delay:
 
 - the copy stream runs ``wait_event``, ``gather``, ``move_graphs`` and
   ``record`` in the order the producer enqueued them;
