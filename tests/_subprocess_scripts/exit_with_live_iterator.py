@@ -30,6 +30,9 @@ flight, which a loaded machine makes slow.  Scenarios:
   (``SLOW_STEP_ENDED_AFTER <seconds>``);
 - ``stuck-producer``: the same step lasts 60 s past that (the wait for it is
   bounded);
+- ``stuck-producer-hook-twice``: ``stuck-producer`` with pingpong's exit hook
+  registered a second time, as a DistDGL client's first epoch that takes RPC
+  turns does (the bound is for both runs together);
 - ``sys-exit-slow``: ``sys-exit`` with that 1.5 s step, which outlasts the
   loader's close (run as ``sys.exit`` frees the loader, before the exit hooks);
 - ``fake-device``: the fake device's streams still have delayed work queued;
@@ -92,6 +95,7 @@ def mark_exiting() -> None:
 import torch  # noqa: E402 - after the hook above, on purpose
 
 from pingpong import BatchTimeoutError, PingPongLoader  # noqa: E402
+from pingpong._exit_hook import _end_all_epochs  # noqa: E402
 from pingpong.devices.cpu import CPUDevice  # noqa: E402
 from pingpong.devices.fake import FakeAsyncDevice  # noqa: E402
 from pingpong.stats import LoaderStats  # noqa: E402
@@ -229,11 +233,13 @@ def main() -> None:
         loader = PingPongLoader(source, big, labels, num_buffers=3)
         it = iter(loader)
         next(it)  # one slot held; the producer gathers the next ones now
-    elif scenario in ("slow-producer", "stuck-producer"):
+    elif scenario in ("slow-producer", "stuck-producer", "stuck-producer-hook-twice"):
         _slow_producer_steps_once_exiting(1.5 if scenario == "slow-producer" else 60.0)
         loader = PingPongLoader(small_batches(), features, labels)
         it = iter(loader)
         next(it)
+        if scenario == "stuck-producer-hook-twice":
+            atexit.register(_end_all_epochs)  # as _Process.register does for DGL's hook
         _exit_hooks_begin()
     elif scenario == "fake-device":
         device = FakeAsyncDevice(seed=0, max_delay_s=0.05)
