@@ -407,13 +407,13 @@ class Epoch:
             return None if events is None else lease.slot
 
     def _polls(self, start: float, what: str | Callable[[], str],
-               when: str = "") -> Iterator[float]:
+               when: str = "", why: Callable[[], str] | None = None) -> Iterator[float]:
         """How long each poll of a wait that began at ``start`` may block: at most
         ``POLL_S``, endless without a timeout; at the loader's ``timeout``
         :class:`~pingpong.errors.BatchTimeoutError` saying ``what`` did not
-        happen ``when``.  There is always one poll, if only a look (0 s): a
-        timeout shorter than the time it takes to get here still finds a batch
-        that is ready."""
+        happen ``when``, and ``why()`` (default: the source may be stalled).
+        There is always one poll, if only a look (0 s): a timeout shorter than
+        the time it takes to get here still finds a batch that is ready."""
         deadline = None if self.timeout is None else start + self.timeout
         polled = False
         while True:
@@ -422,20 +422,29 @@ class Epoch:
                 continue
             remaining = deadline - time.perf_counter()
             if remaining <= 0 and polled:
+                reason = ("the source (or a row source's fetch) may be stalled"
+                          if why is None else why())
                 raise BatchTimeoutError(
                     f"{what() if callable(what) else what} within timeout={self.timeout} "
-                    f"s{when}; the source (or a row "
-                    "source's fetch) may be stalled -- raise `timeout`, or pass "
-                    "timeout=None to wait")
+                    f"s{when}; {reason} -- raise `timeout`, or pass timeout=None to wait")
             polled = True
             yield min(POLL_S, max(remaining, 0.0))
+
+    def _where_the_producer_is(self) -> str:
+        """Why a batch may be late, by where the producer is now (``open_calls``)."""
+        if self.open_calls.now():
+            return ("the producer is inside the source (or a row source's fetch), which "
+                    "may be stalled")
+        return ("the producer is in a step of its own, not inside the source or a row "
+                "source's fetch: a form= callable, moving graphs to the device, the gather "
+                "or a wait for DGL's RPC turn may be slow")
 
     def _wait_for_message(self) -> Message | _Wakeup:
         start = time.perf_counter()
         ending_since: float | None = None
         try:
             for wait in self._polls(start, "no batch", f" (after {self.delivered} batches "
-                                    "this epoch)"):
+                                    "this epoch)", self._where_the_producer_is):
                 try:
                     return self.ready_q.get(timeout=wait)
                 except queue.Empty:

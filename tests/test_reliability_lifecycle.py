@@ -375,8 +375,9 @@ def test_stalled_source_times_out_and_the_stuck_producer_never_writes(caplog):
         assert 0.25 <= time.monotonic() - start < 1.0
         assert isinstance(info.value, pingpong.BatchTimeoutError)
         assert str(info.value) == (
-            "no batch within timeout=0.3 s (after 3 batches this epoch); the source (or a "
-            "row source's fetch) may be stalled -- raise `timeout`, or pass timeout=None to wait"
+            "no batch within timeout=0.3 s (after 3 batches this epoch); the producer is "
+            "inside the source (or a row source's fetch), which may be stalled -- raise "
+            "`timeout`, or pass timeout=None to wait"
         )
         (stuck,) = producer_threads()
         # After a failure the short join is expected to miss: logged at debug level only.
@@ -422,7 +423,9 @@ def test_a_producer_slow_outside_the_source_is_not_said_to_be_inside_it(caplog):
             for _ in range(3):
                 next(it)
             assert inside.wait(10)
-            with pytest.raises(pingpong.BatchTimeoutError):
+            with pytest.raises(pingpong.BatchTimeoutError,
+                               match="the producer is in a step of its own, not inside the "
+                                     "source or a row source's fetch: a form= callable"):
                 next(it)
             (slow,) = producer_threads()
             new_epoch = iter(loader)  # waits up to 2 s for the slow producer, then goes on
