@@ -10,7 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import wait_for_no_pingpong_threads
 
+import pingpong
 from pingpong.blocks import EdgeBlock
 from pingpong.sources import BuiltinLoader, CSRGraph, NeighborSampler
 
@@ -151,6 +153,85 @@ def test_csr_neighbour_ids_outside_the_graph_are_refused(bad: int) -> None:
 def test_csr_decreasing_indptr_is_refused() -> None:
     with pytest.raises(ValueError, match="non-decreasing: node 1's in-edges would run from"):
         CSRGraph(torch.tensor([0, 10**9, 1]), torch.tensor([0]), 2)
+
+
+def test_seed_nodes_changed_after_the_loader_was_built_reach_no_epoch() -> None:
+    """From an input review: the loader kept the caller's seed tensor, checked
+    once, and the Numba sampler reads it unchecked -- an id set past the graph
+    afterwards killed the process (SIGSEGV). It keeps a copy now."""
+    graph = random_graph()
+    seeds = torch.arange(40)
+    loader = BuiltinLoader(graph, seeds, NeighborSampler([3, 2]), batch_size=16, seed=3)
+    reference = BuiltinLoader(graph, torch.arange(40), NeighborSampler([3, 2]),
+                              batch_size=16, seed=3)
+    seeds[5] = 100  # in range, so the old code sampled it without a crash
+    for got, want in zip(loader, reference, strict=True):
+        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[1], want[1])
+        assert all(torch.equal(a.src, b.src) and torch.equal(a.dst, b.dst)
+                   for a, b in zip(got[2], want[2], strict=True))
+
+
+def _sample_all(graph: CSRGraph, seeds: torch.Tensor, node_map: np.ndarray) -> Any:
+    return NeighborSampler([-1, -1]).sample_blocks(graph, seeds, 0, node_map=node_map)
+
+
+@pytest.mark.parametrize("change", ["neighbour past the graph", "negative neighbour",
+                                    "indptr backwards", "indptr past indices",
+                                    "indptr resized"])
+def test_a_graph_changed_after_its_checks_is_refused_where_it_is_sampled(change: str) -> None:
+    """CSRGraph's tensors are read in place: a change after construction that
+    breaks its rules raises at the batch that reaches it -- the Numba sampler
+    checks every index it reads -- instead of reading or writing out of bounds;
+    the scratch ``node_map`` stays all -1, so the next batch after the tensors
+    are put back samples as before."""
+    graph = random_graph()
+    seeds = torch.tensor([3, 0, 7])
+    node_map = np.full(graph.num_nodes, -1, dtype=np.int64)
+    before = _sample_all(graph, seeds, node_map)
+    saved_indptr, saved_indices = graph.indptr.clone(), graph.indices.clone()
+    first = int(graph.indptr[3])  # node 3's first in-edge
+    expected: type[Exception]
+    if change == "neighbour past the graph":
+        graph.indices[first] = graph.num_nodes
+        expected, message = pingpong.IdRangeError, r"CSRGraph.indices holds a node id outside"
+    elif change == "negative neighbour":
+        graph.indices[first] = -(10**12)
+        expected, message = pingpong.IdRangeError, r"CSRGraph.indices holds a node id outside"
+    elif change == "indptr backwards":
+        graph.indptr[4] = graph.indptr[3] - 1
+        expected, message = pingpong.ConfigError, "CSRGraph.indptr is decreasing"
+    elif change == "indptr past indices":
+        graph.indptr[4] = graph.num_edges + 10**6
+        expected, message = pingpong.ConfigError, "runs past the end of CSRGraph.indices"
+    else:
+        graph.indptr.resize_(4)
+        expected, message = pingpong.ConfigError, "CSRGraph.indptr has 4 entries now"
+    with pytest.raises(expected, match=message) as info:
+        _sample_all(graph, seeds, node_map)
+    assert "changed after CSRGraph checked them" in str(info.value)
+    assert (node_map == -1).all()
+    graph.indptr.resize_(saved_indptr.shape[0]).copy_(saved_indptr)
+    graph.indices.copy_(saved_indices)
+    after = _sample_all(graph, seeds, node_map)
+    assert torch.equal(after[0], before[0])
+    assert all(torch.equal(a.src, b.src) for a, b in zip(after[2], before[2], strict=True))
+
+
+def test_a_graph_changed_under_a_temporary_loader_fails_its_training_loop() -> None:
+    """The same through pingpong, written as users write it: the sampler's error
+    reaches the loop from the producer thread, and no producer is left."""
+    graph = random_graph()
+    features = torch.randn(graph.num_nodes, 4)
+    graph.indices[int(graph.indptr[0])] = 10**12  # node 0, the hub, is in every batch
+    got = 0
+    with pytest.raises(pingpong.IdRangeError, match="changed after CSRGraph checked them"):
+        for _batch in pingpong.PingPongLoader(
+                BuiltinLoader(graph, torch.tensor([0, 1, 2]), NeighborSampler([-1]),
+                              batch_size=3), features):
+            got += 1
+    assert got == 0
+    assert wait_for_no_pingpong_threads(3.0) == []
 
 
 def test_fanout_all_and_isolated_nodes() -> None:

@@ -53,6 +53,13 @@ SampledTriple = tuple[torch.Tensor, torch.Tensor, list[EdgeBlock]]
 #: partial Fisher-Yates shuffle (linear in the degree).
 _FLOYD_MAX_FANOUT = 64
 
+#: What :func:`_sample_layer` found wrong with a graph that passed its checks at
+#: construction and changed since (its tensors are read in place).
+_SAMPLED = 0
+_NODE_OUT_OF_RANGE = 1  # a seed or a layer's node outside [0, num_nodes)
+_BAD_INDPTR = 2  # a node's in-edges run backwards or past the end of indices
+_NEIGHBOUR_OUT_OF_RANGE = 3  # an entry of indices outside [0, num_nodes)
+
 
 def _as_int64_vector(values: Any, name: str) -> torch.Tensor:
     """``values`` as a contiguous 1-D int64 CPU tensor (copied only if needed)."""
@@ -100,7 +107,11 @@ class CSRGraph:
 
     Construction validates shapes, dtypes, that ``indptr`` never decreases and
     that every id in ``indices`` lies in ``[0, num_nodes)`` (``ValueError`` /
-    ``TypeError`` / ``IndexError``), before any sampler reads them.
+    ``TypeError`` / ``IndexError``), before any sampler reads them.  The
+    samplers read the tensors in place (no copy): a change made afterwards
+    reaches later batches, and one that breaks those rules at a sampled node
+    raises there (:class:`~pingpong.IdRangeError` or
+    :class:`~pingpong.ConfigError`) before anything is read out of bounds.
     """
 
     indptr: torch.Tensor
@@ -183,9 +194,16 @@ def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma
     """One layer: sample in-edges of ``seeds`` and relabel to local ids.
 
     ``node_map`` is an all ``-1`` int64 scratch of ``num_nodes`` entries; it is
-    all ``-1`` again on return. Returns ``(src_nodes, edge_src, edge_dst)``:
-    ``src_nodes`` starts with ``seeds``; edges are in local ids.
+    all ``-1`` again on return; ``indptr`` has ``num_nodes + 1``. Returns
+    ``(status, src_nodes, edge_src, edge_dst)``: ``src_nodes`` starts with
+    ``seeds``; edges are in local ids.  Every index it reads is checked first
+    (the graph may have changed since :class:`CSRGraph` checked it): a status
+    other than ``_SAMPLED`` says what was out of range, with empty arrays,
+    before ``node_map`` is touched.
     """
+    empty = np.empty(0, np.int64)
+    num_nodes = node_map.shape[0]
+    num_indices = indices.shape[0]
     np.random.seed(rng_seed)
     n = seeds.shape[0]
     offsets = np.empty(n + 1, np.int64)
@@ -193,6 +211,10 @@ def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma
     max_k = 0
     for i in range(n):
         v = seeds[i]
+        if v < 0 or v >= num_nodes:
+            return _NODE_OUT_OF_RANGE, empty, empty, empty
+        if indptr[v] < 0 or indptr[v + 1] < indptr[v] or indptr[v + 1] > num_indices:
+            return _BAD_INDPTR, empty, empty, empty
         d = indptr[v + 1] - indptr[v]
         k = d if (fanout < 0 or d <= fanout) else fanout
         offsets[i + 1] = offsets[i] + k
@@ -208,6 +230,8 @@ def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma
         d = indptr[v + 1] - start
         out = offsets[i]
         k = offsets[i + 1] - out
+        if start < 0 or d < k or start + d > num_indices:  # changed since the first pass
+            return _BAD_INDPTR, empty, empty, empty
         for j in range(k):
             edge_dst[out + j] = i
         if k == d:
@@ -235,6 +259,9 @@ def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma
                 shuffle[j] = shuffle[t]
                 shuffle[t] = tmp
                 nbrs[out + j] = indices[start + shuffle[j]]
+    for e in range(num_edges):
+        if nbrs[e] < 0 or nbrs[e] >= num_nodes:
+            return _NEIGHBOUR_OUT_OF_RANGE, empty, empty, empty
     src_nodes = np.empty(n + num_edges, np.int64)
     for i in range(n):
         src_nodes[i] = seeds[i]
@@ -252,7 +279,21 @@ def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma
         edge_src[e] = local
     for i in range(count):
         node_map[src_nodes[i]] = -1
-    return src_nodes[:count].copy(), edge_src, edge_dst
+    return _SAMPLED, src_nodes[:count].copy(), edge_src, edge_dst
+
+
+_CHANGED = ("the graph's tensors changed after CSRGraph checked them (the sampler reads "
+            "them in place: build a new CSRGraph after changing them)")
+
+
+def _changed_graph_error(status: int, num_nodes: int) -> Exception:
+    """The error for a :func:`_sample_layer` status other than ``_SAMPLED``."""
+    if status == _BAD_INDPTR:
+        return ConfigError(f"CSRGraph.indptr is decreasing or runs past the end of "
+                           f"CSRGraph.indices at a sampled node: {_CHANGED}")
+    what = "CSRGraph.indices" if status == _NEIGHBOUR_OUT_OF_RANGE else "a seed"
+    return IdRangeError(f"{what} holds a node id outside [0, {num_nodes}) at sampling "
+                        f"time: {_CHANGED}")
 
 
 def _parse_fanouts(fanouts: Sequence[int]) -> tuple[int, ...]:
@@ -338,12 +379,18 @@ class NeighborSampler:
         layer_seeds = np.random.SeedSequence(rng_seed).generate_state(len(self.fanouts))
         indptr = graph.indptr.numpy()
         indices = graph.indices.numpy()
+        if indptr.shape != (graph.num_nodes + 1,):  # resized in place since its checks
+            raise ConfigError(
+                f"CSRGraph.indptr has {indptr.shape[0]} entries now, not num_nodes + 1 = "
+                f"{graph.num_nodes + 1}: {_CHANGED}")
         nodes = seeds.numpy()
         blocks: list[EdgeBlock] = []
         for layer in range(len(self.fanouts) - 1, -1, -1):
-            src_nodes, edge_src, edge_dst = _sample_layer(
+            status, src_nodes, edge_src, edge_dst = _sample_layer(
                 indptr, indices, nodes, self.fanouts[layer], int(layer_seeds[layer]), node_map
             )
+            if status != _SAMPLED:
+                raise _changed_graph_error(status, graph.num_nodes)
             blocks.append(
                 EdgeBlock(
                     torch.from_numpy(edge_src),
@@ -422,7 +469,9 @@ class BuiltinLoader:
         if (number := integer(seed)) is None or number < 0:
             raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
         batch_size, seed = size, number
-        seeds = _as_int64_vector(seed_nodes, "seed_nodes")
+        # A private copy: checked once, and an in-place change of the caller's
+        # tensor afterwards reaches no epoch (nor the sampler's unchecked reads).
+        seeds = _as_int64_vector(seed_nodes, "seed_nodes").clone()
         _check_range(seeds, graph.num_nodes, "seed_nodes")
         if torch.unique(seeds).shape[0] != seeds.shape[0]:
             raise ConfigError("seed_nodes must be distinct")
