@@ -47,6 +47,9 @@ class HostTable:
             every gather reads (it keeps that memory alive).
         address: ``tensor.data_ptr()`` when the table was made.
         layout: the tensor's shape, strides and dtype when the table was made.
+        array: the caller's NumPy array, for a table given as one (``tensor`` is
+            then pingpong's own view of its memory, which no caller can change).
+        array_layout: the array's shape, strides, dtype and address then.
     """
 
     name: str
@@ -54,26 +57,38 @@ class HostTable:
     byte_rows: np.ndarray = field(repr=False)
     address: int = field(repr=False)
     layout: tuple[object, ...] = field(repr=False)
+    array: np.ndarray | None = field(default=None, repr=False)
+    array_layout: tuple[object, ...] | None = field(default=None, repr=False)
 
     def check_memory_unchanged(self) -> None:
         """``TableError`` if the caller's tensor was given other memory, or another
         shape, strides or dtype over its memory, since the table was made
-        (``tensor.data = ...``, ``tensor.set_(...)``, ``resize_``, ``unsqueeze_``):
-        gathers would keep reading the old memory in the old layout, silently
-        stale or of the wrong shape."""
-        if self.tensor.data_ptr() != self.address:
-            change = "new memory"
-        elif _layout_of(self.tensor) != self.layout:
-            change = (f"a new shape, strides or dtype ({_describe(self.layout)} when the "
-                      f"loader was built, {_describe(_layout_of(self.tensor))} now)")
+        (``tensor.data = ...``, ``tensor.set_(...)``, ``resize_``, ``unsqueeze_``;
+        for a NumPy array, ``arr.shape = ...``, ``arr.dtype = ...``): gathers
+        would keep reading the old memory in the old layout, silently stale or
+        of the wrong shape."""
+        if self.array is not None:
+            now = _numpy_layout_of(self.array)
+            if now == self.array_layout:
+                return
+            change = (f"a new shape, strides or dtype ({_describe(self.array_layout)} when "
+                      f"the loader was built, {_describe(now)} now)")
+            how, write = "arr.shape = ..., arr.dtype = ...", f"{self.name}[...] = new"
         else:
-            return
+            if self.tensor.data_ptr() != self.address:
+                change = "new memory"
+            elif _layout_of(self.tensor) != self.layout:
+                change = (f"a new shape, strides or dtype ({_describe(self.layout)} when the "
+                          f"loader was built, {_describe(_layout_of(self.tensor))} now)")
+            else:
+                return
+            how = "tensor.data = ..., tensor.set_(...), an in-place resize_ or view"
+            write = f"{self.name}.copy_(new)"
         raise TableError(
-            f"{self.name} was given {change} after the loader was built "
-            "(tensor.data = ..., tensor.set_(...), an in-place resize_ or view); "
+            f"{self.name} was given {change} after the loader was built ({how}); "
             "pingpong reads the memory a table had when the loader was built, in "
             "its layout then, so its batches would not be what the table holds. "
-            f"Write the new values in place ({self.name}.copy_(new)) or build a new loader"
+            f"Write the new values in place ({write}) or build a new loader"
         )
 
     # The table's rows as the gathers read them: ``byte_rows``' memory in the layout
@@ -107,8 +122,15 @@ def _layout_of(tensor: torch.Tensor) -> tuple[object, ...]:
     return tuple(tensor.shape), tensor.stride(), tensor.dtype
 
 
-def _describe(layout: tuple[object, ...]) -> str:
-    shape, strides, dtype = layout
+def _numpy_layout_of(array: np.ndarray) -> tuple[object, ...]:
+    """Shape, strides (bytes), dtype and address: what an in-place change of a
+    NumPy array's attributes (``shape``, ``dtype``, ``strides``) alters."""
+    return array.shape, array.strides, array.dtype, array.__array_interface__["data"][0]
+
+
+def _describe(layout: tuple[object, ...] | None) -> str:
+    assert layout is not None
+    shape, strides, dtype = layout[:3]
     return f"shape {shape}, strides {strides}, {dtype}"
 
 
@@ -181,6 +203,7 @@ def make_host_table(value: Any, name: str) -> HostTable:
             feature table), or a tensor that requires grad (its gathered rows
             would carry no gradient).
     """
+    array = value if isinstance(value, np.ndarray) else None
     tensor = _as_tensor(value, name)
     if tensor.layout != torch.strided:
         raise TableError(f"{name} must be a dense tensor, got layout {tensor.layout}")
@@ -219,7 +242,8 @@ def make_host_table(value: Any, name: str) -> HostTable:
             "batch.input_nodes) and give pingpong only the fixed tables"
         )
     return HostTable(name, tensor, byte_rows(tensor).numpy(), tensor.data_ptr(),
-                     _layout_of(tensor))
+                     _layout_of(tensor), array,
+                     None if array is None else _numpy_layout_of(array))
 
 
 #: What a table is keyed by: ``None`` (the one table of its kind), a feature

@@ -219,6 +219,38 @@ def test_a_table_given_a_new_layout_over_the_same_memory_is_refused(how):
         assert device.gathers == gathers
 
 
+@pytest.mark.parametrize("how", ["shape wider rows", "shape fewer rows", "dtype",
+                                 "labels shape"])
+def test_a_numpy_table_given_a_new_layout_in_place_is_refused(how):
+    """The same for a NumPy table, whose attributes change in place
+    (``arr.shape = ...``, ``arr.dtype = ...``): from an input review, the loader
+    compared only its own tensor over the array's memory -- which nothing
+    changes -- and went on gathering rows in the old layout, ids past the new
+    row count included."""
+    triples = seq_triples(N, 4)
+    features = np.arange(N * 4, dtype=np.float32).reshape(N, 4)
+    labels = np.arange(N, dtype=np.int64)
+    device = CountingCPUDevice()
+    with PingPongLoader(triples, features, labels, device=device) as loader:
+        assert len(list(loader)) == 4
+        gathers = device.gathers
+        name, was = "features", r"shape \(200, 4\), strides \(16, 4\), float32 when"
+        if how == "shape wider rows":
+            features.shape = (N // 2, 8)
+        elif how == "shape fewer rows":
+            features.shape = (N // 2, 2, 4)
+        elif how == "dtype":
+            features.dtype = np.int32  # type: ignore[misc,assignment]
+        else:
+            labels.shape = (N // 2, 2)
+            name, was = "labels", r"shape \(200,\), strides \(8,\), int64 when"
+        with pytest.raises(pingpong.TableError,
+                           match=rf"{name} was given a new shape, strides or dtype \({was}.*"
+                                 rf"\(arr.shape = ..., arr.dtype = ...\).*{name}\[...\] = new"):
+            next(iter(loader))
+        assert device.gathers == gathers
+
+
 def _wait_until_producer_waits_for_a_slot(timeout_s: float = 10.0) -> None:
     """Until a producer thread is blocked taking a free slot: the batch after the
     ones in slots has been sampled and checked, and waits to be gathered."""
