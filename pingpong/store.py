@@ -197,7 +197,7 @@ def make_host_table(value: Any, name: str) -> HostTable:
     """Validate ``value`` as a host table and wrap it (no copy).
 
     Raises:
-        TableError: not a tensor, 0-D, empty, sparse, not on the CPU, not
+        TableError: not a tensor, 0-D, empty, sparse, nested, not on the CPU, not
             C-contiguous, quantized, a lazily conjugated/negated view, a NumPy
             masked array, a NumPy array torch cannot read in place (pingpong never silently copies a
             feature table), or a tensor that requires grad (its gathered rows
@@ -205,6 +205,11 @@ def make_host_table(value: Any, name: str) -> HostTable:
     """
     array = value if isinstance(value, np.ndarray) else None
     tensor = _as_tensor(value, name)
+    if tensor.is_nested:  # its layout may read torch.strided, and .shape raises
+        raise TableError(
+            f"{name} is a nested tensor (rows of different lengths): pingpong gathers "
+            f"rows of one shape; pass a dense table ({name}.to_padded_tensor(0.0), say, "
+            "and the lengths as another table)")
     if tensor.layout != torch.strided:
         raise TableError(f"{name} must be a dense tensor, got layout {tensor.layout}")
     if tensor.dim() < 1:

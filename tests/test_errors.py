@@ -195,6 +195,20 @@ def test_bad_tables_are_refused_at_construction(features, labels, needle):
     assert isinstance(info.value, pingpong.TableError)
 
 
+@pytest.mark.parametrize("which", ["features", "labels"])
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged])
+def test_nested_tables_are_refused_at_construction(which, layout):
+    """From an input review: a nested tensor (torch's default, strided layout)
+    raised torch's "Internal error: NestedTensorImpl doesn't support sizes" from
+    the table checks, not a TableError naming the table."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "prototype stage"
+        ragged = torch.nested.nested_tensor([torch.randn(3), torch.randn(5)], layout=layout)
+    tables = (ragged, None) if which == "features" else (torch.randn(N, 4), ragged)
+    with pytest.raises(pingpong.TableError, match=rf"{which} is a nested tensor"):
+        PingPongLoader(make_triples(N, 1), *tables)
+
+
 @pytest.mark.parametrize("dtype", [torch.qint8, torch.quint8])
 def test_quantized_tables_are_refused_at_construction(dtype):
     """Their bytes are integers whose scale lives outside them: refused when built,
@@ -416,6 +430,24 @@ def test_malformed_source_item():
             list(loader)
     assert "(input_nodes, output_nodes, blocks)" in str(info.value)  # lists what it reads
     assert isinstance(info.value, TypeError)
+
+
+@pytest.mark.parametrize("where", ["input_nodes", "output_nodes"])
+@pytest.mark.parametrize("python", [list, tuple, range])
+def test_ids_given_as_a_python_sequence_are_named_in_the_form_error(where, python):
+    """From an input review: ``([0, 1, 2], output_nodes, blocks)`` got the list of
+    the forms pingpong reads -- the very one the item had -- without saying that
+    its ids must be a tensor or array."""
+    ids = torch.arange(3)
+    bad = range(3) if python is range else python(range(3))
+    item: tuple[Any, Any, list[Any]] = (bad, ids, []) if where == "input_nodes" else (ids, bad, [])
+    with PingPongLoader([item], torch.randn(N, 2)) as loader:
+        with pytest.raises(pingpong.BatchFormError) as info:
+            next(iter(loader))
+    element = 0 if where == "input_nodes" else 1
+    assert (f"a form pingpong cannot read; its {where} (element {element}) is a Python "
+            f"{python.__name__}: ids are a torch.Tensor or NumPy array (torch.as_tensor(ids)); "
+            "it reads:") in str(info.value)
 
 
 class SamplerError(Exception):

@@ -99,6 +99,21 @@ def _describe(item: Any) -> str:
     return f"a {type(item).__module__}.{type(item).__name__}"
 
 
+def _python_ids_hint(item: Any) -> str:
+    """For an item that would be a known form but for ids given as a Python
+    sequence: which element, and what ids must be."""
+    if not isinstance(item, tuple | list) or len(item) not in (3, 4):
+        return ""
+    for position, name in ((0, "input_nodes"), (1, "output_nodes")):
+        part = item[position]
+        if isinstance(part, list | tuple | range):
+            return (f"; its {name} (element {position}) is a Python {type(part).__name__}: "
+                    "ids are a torch.Tensor or NumPy array (torch.as_tensor(ids))")
+        if not _is_ids(part):
+            return ""
+    return ""
+
+
 def _is_graph(obj: Any) -> bool:
     return is_dgl_graph(obj) or isinstance(obj, EdgeBlock | HeteroEdgeBlock)
 
@@ -161,8 +176,8 @@ class ItemReader:
             if len(item) == 3 and _is_ids(item[1]):
                 return self._node_triple(item)
         raise BatchFormError(
-            f"source item {seq} is {_describe(item)}, a form pingpong cannot read; "
-            "it reads:\n  - " + "\n  - ".join(FORMS)
+            f"source item {seq} is {_describe(item)}, a form pingpong cannot read"
+            f"{_python_ids_hint(item)}; it reads:\n  - " + "\n  - ".join(FORMS)
         )
 
     # -- the forms -----------------------------------------------------------------
