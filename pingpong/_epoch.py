@@ -436,8 +436,8 @@ class Epoch:
             return ("the producer is inside the source (or a row source's fetch), which "
                     "may be stalled")
         return ("the producer is in a step of its own, not inside the source or a row "
-                "source's fetch: a form= callable, moving graphs to the device, the gather "
-                "or a wait for DGL's RPC turn may be slow")
+                "source's fetch: a form= callable, the health check, moving graphs to the "
+                "device, the gather or a wait for DGL's RPC turn may be slow")
 
     def _wait_for_message(self) -> Message | _Wakeup:
         start = time.perf_counter()
@@ -527,9 +527,9 @@ class Epoch:
                         self.thread.name, join_s)
                 else:  # its own steps, or the source iterator's clean-up at its exit
                     log("%s is still running after %.1f s, not inside the source or a "
-                        "fetch (a form= callable, moving graphs to the device, or the "
-                        "source iterator's clean-up); it will write nothing more and "
-                        "exits when that returns", self.thread.name, join_s)
+                        "fetch (a form= callable, the health check, moving graphs to the "
+                        "device, or the source iterator's clean-up); it will write nothing "
+                        "more and exits when that returns", self.thread.name, join_s)
                 return
         # Past its mark, the thread still tears down: Thread.run drops the source,
         # device and queues it was given (their last references, maybe), then its

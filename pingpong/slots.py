@@ -147,9 +147,15 @@ class Lease:
             # the producer would refill the slot under its work.  A stream held
             # that never got to wait costs one spare release event.
             used = self.device.resolve_consumer_stream(stream)
-            if not any(used == known for known in self.streams):
-                self.streams.append(used)
-            self.device.consumer_wait(self.ready_event, used)
+            self._hold(used)
+            # And what the wait says it used: a device of the user's own may
+            # resolve the stream only there.
+            self._hold(self.device.consumer_wait(self.ready_event, used))
+
+    def _hold(self, stream: Any) -> None:
+        """Add ``stream`` to the streams :meth:`end` records on (once)."""
+        if not any(stream == known for known in self.streams):
+            self.streams.append(stream)
 
     def end(self) -> tuple[Any, ...] | None:
         """Record release events on every stream that used the batch and give them

@@ -71,9 +71,13 @@ class HostTable:
             now = _numpy_layout_of(self.array)
             if now == self.array_layout:
                 return
-            change = (f"a new shape, strides or dtype ({_describe(self.array_layout)} when "
-                      f"the loader was built, {_describe(now)} now)")
-            how, write = "arr.shape = ..., arr.dtype = ...", f"{self.name}[...] = new"
+            if now[:3] == self.array_layout[:3]:  # type: ignore[index]
+                change = "new memory"
+            else:
+                change = (f"a new shape, strides or dtype ({_describe(self.array_layout)} "
+                          f"when the loader was built, {_describe(now)} now)")
+            how = "arr.shape = ..., arr.dtype = ..., arr.data = ..., arr.resize(...)"
+            write = f"{self.name}[...] = new"
         else:
             if self.tensor.data_ptr() != self.address:
                 change = "new memory"

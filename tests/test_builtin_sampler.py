@@ -165,6 +165,7 @@ def test_seed_nodes_changed_after_the_loader_was_built_reach_no_epoch() -> None:
     reference = BuiltinLoader(graph, torch.arange(40), NeighborSampler([3, 2]),
                               batch_size=16, seed=3)
     seeds[5] = 100  # in range, so the old code sampled it without a crash
+    loader.seed_nodes[6] = 101  # a copy: nor through the attribute
     for got, want in zip(loader, reference, strict=True):
         assert torch.equal(got[0], want[0])
         assert torch.equal(got[1], want[1])

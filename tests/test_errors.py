@@ -450,6 +450,21 @@ def test_ids_given_as_a_python_sequence_are_named_in_the_form_error(where, pytho
             "it reads:") in str(info.value)
 
 
+@pytest.mark.parametrize("item", [
+    (torch.arange(3), [0, 1], torch.arange(2), []),  # element 1 of an edge form: a graph
+    [(torch.arange(3), torch.arange(3), [])] * 3,  # three batches in one item
+    (["a", "b"], torch.arange(2), []),  # not ids at all
+], ids=["edge-form", "list-of-batches", "strings"])
+def test_the_python_ids_hint_is_given_only_where_it_is_true(item):
+    """From a review of the hint: it named element 1 "output_nodes" in a 4-tuple,
+    where an edge form has its pair graph, and called a list of three batches
+    a list of input_nodes."""
+    with PingPongLoader([item], torch.randn(N, 2)) as loader:
+        with pytest.raises(pingpong.BatchFormError) as info:
+            next(iter(loader))
+    assert "a form pingpong cannot read; it reads:" in str(info.value)
+
+
 class SamplerError(Exception):
     """A custom exception type the source raises."""
 

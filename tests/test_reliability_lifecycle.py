@@ -995,7 +995,7 @@ def test_interpreter_exit_with_a_live_iterator():
         if name.startswith("stuck-producer"):
             limit = max(limit, 2.0 + max([0.0, *warm_up_ends]) + exit_hook_module.EXIT_BUSY_WAIT_S)
         if name == "stuck-producer-hook-twice":  # each run joins; the busy wait is shared
-            limit += exit_hook_module.EXIT_JOIN_BUDGET_S  # (not shared: 11.7 s, limit 8 s)
+            limit += exit_hook_module.EXIT_JOIN_BUDGET_S  # not shared: 11.7 s against ~8 s
         if "EXITING" not in stdout or not shutdown:
             failures.append(f"{name}: no exit marks in {stdout!r}\n{stderr}")
         elif shutdown[0] > limit:

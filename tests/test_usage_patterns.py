@@ -547,6 +547,35 @@ def test_a_ctrl_c_inside_use_on_still_holds_the_slot_on_that_stream():
     assert lease.end() == (("released-on", "current"), ("released-on", "side"))
 
 
+class ResolvesOnlyInWait(CPUDevice):
+    """A device of a user's own written before ``resolve_consumer_stream``: its
+    ``consumer_wait`` says which stream ``None`` meant."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.recorded: list[Any] = []
+
+    def consumer_wait(self, event: Any, stream: Any = None) -> Any:
+        return "current" if stream is None else stream
+
+    def consumer_record(self, stream: Any = None) -> Any:
+        self.recorded.append(stream)
+        return COMPLETED
+
+
+def test_a_device_that_resolves_the_stream_only_in_its_wait_is_released_there():
+    """From a review: the lease held only ``resolve_consumer_stream``'s answer (the
+    base class's: ``None``), so such a device got its release event on whatever
+    stream was current at the release, not on the one that waited."""
+    device = ResolvesOnlyInWait()
+    store = make_feature_store(torch.zeros(4, 2))
+    (slot,) = make_slots(store, 1, "initial")
+    lease = Lease(slot, device, COMPLETED)
+    lease.use_on(None)
+    lease.end()
+    assert "current" in device.recorded
+
+
 def test_batch_record_stream_goes_through_the_lease_until_the_next_batch():
     triples, features, _ = triples_and_tables()
     device = StreamLog()

@@ -184,8 +184,10 @@ class Device(abc.ABC):
     # -- consumer stream (training thread) ----------------------------------
     def resolve_consumer_stream(self, stream: Any = None) -> Any:
         """The stream ``stream`` names (``None``: the current one), as
-        :meth:`consumer_wait` would use it and :meth:`consumer_record` takes it.
-        Here: ``stream`` itself (a device with one consumer stream)."""
+        :meth:`consumer_wait` will use it and :meth:`consumer_record` takes it;
+        asked before the wait is queued, so that the slot is held on it first.
+        Here: ``stream`` itself; a device that resolves ``None`` only inside
+        :meth:`consumer_wait` still works (its return value is held too)."""
         return stream
 
     @abc.abstractmethod
@@ -193,14 +195,16 @@ class Device(abc.ABC):
         """Later work on ``stream`` (default: the current one) waits for ``event``.
 
         Tensors made on the copy stream are marked as used on that stream.
-        Returns the stream (what :meth:`consumer_record` takes); any thread.
+        Returns the stream it made wait (what :meth:`consumer_record` takes);
+        any thread.
         """
 
     @abc.abstractmethod
     def consumer_record(self, stream: Any = None) -> Event:
         """An event completing when the work queued on ``stream`` so far is done.
 
-        ``stream`` is what :meth:`consumer_wait` returned; any thread.
+        ``stream`` is what :meth:`resolve_consumer_stream` or
+        :meth:`consumer_wait` returned; any thread.
         """
 
     def wait_for_fills(self) -> None:  # noqa: B027 - optional hook

@@ -197,6 +197,9 @@ class CPUDevice(Device):
     def record(self) -> Event:
         return COMPLETED
 
+    def resolve_consumer_stream(self, stream: Any = None) -> Any:
+        return None  # one consumer "stream": the calling thread
+
     def consumer_wait(self, event: Event, stream: Any = None) -> Any:
         return None
 

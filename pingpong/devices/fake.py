@@ -439,6 +439,9 @@ class FakeAsyncDevice(Device):
         self.copy_stream.put("record", (event, ()))
         return event
 
+    def resolve_consumer_stream(self, stream: Any = None) -> Any:
+        return None  # one consumer stream
+
     def consumer_wait(self, event: Event, stream: Any = None) -> Any:
         """The fake device has one consumer stream: ``stream`` is ignored."""
         self._host_call("consumer_wait")

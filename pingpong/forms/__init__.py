@@ -104,9 +104,12 @@ def _python_ids_hint(item: Any) -> str:
     sequence: which element, and what ids must be."""
     if not isinstance(item, tuple | list) or len(item) not in (3, 4):
         return ""
-    for position, name in ((0, "input_nodes"), (1, "output_nodes")):
+    # (input_nodes, output_nodes, blocks); in an edge form element 1 is a graph
+    named = ((0, "input_nodes"), (1, "output_nodes")) if len(item) == 3 else ((0, "input_nodes"),)
+    for position, name in named:
         part = item[position]
-        if isinstance(part, list | tuple | range):
+        if isinstance(part, list | tuple | range) and all(
+                isinstance(v, int | np.integer) and not isinstance(v, bool) for v in part):
             return (f"; its {name} (element {position}) is a Python {type(part).__name__}: "
                     "ids are a torch.Tensor or NumPy array (torch.as_tensor(ids))")
         if not _is_ids(part):

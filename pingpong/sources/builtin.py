@@ -206,32 +206,36 @@ def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma
     num_indices = indices.shape[0]
     np.random.seed(rng_seed)
     n = seeds.shape[0]
+    # Each value is read once into a local and checked there: the GIL is released,
+    # so another thread may write the tensors between two reads.
+    nodes = np.empty(n, np.int64)
     offsets = np.empty(n + 1, np.int64)
     offsets[0] = 0
-    max_k = 0
     for i in range(n):
         v = seeds[i]
         if v < 0 or v >= num_nodes:
             return _NODE_OUT_OF_RANGE, empty, empty, empty
-        if indptr[v] < 0 or indptr[v + 1] < indptr[v] or indptr[v + 1] > num_indices:
+        nodes[i] = v
+        lo = indptr[v]
+        hi = indptr[v + 1]
+        if lo < 0 or hi < lo or hi > num_indices:
             return _BAD_INDPTR, empty, empty, empty
-        d = indptr[v + 1] - indptr[v]
+        d = hi - lo
         k = d if (fanout < 0 or d <= fanout) else fanout
         offsets[i + 1] = offsets[i] + k
-        if k < d and k > max_k:
-            max_k = k
     num_edges = offsets[n]
     nbrs = np.empty(num_edges, np.int64)
     edge_dst = np.empty(num_edges, np.int64)
     shuffle = np.empty(0, np.int64)
     for i in range(n):
-        v = seeds[i]
+        v = nodes[i]
         start = indptr[v]
-        d = indptr[v + 1] - start
+        end = indptr[v + 1]
         out = offsets[i]
         k = offsets[i + 1] - out
-        if start < 0 or d < k or start + d > num_indices:  # changed since the first pass
+        if start < 0 or end < start or end > num_indices or end - start < k:  # changed
             return _BAD_INDPTR, empty, empty, empty
+        d = end - start
         for j in range(k):
             edge_dst[out + j] = i
         if k == d:
@@ -264,8 +268,8 @@ def _sample_layer(indptr, indices, seeds, fanout, rng_seed, node_map):  # pragma
             return _NEIGHBOUR_OUT_OF_RANGE, empty, empty, empty
     src_nodes = np.empty(n + num_edges, np.int64)
     for i in range(n):
-        src_nodes[i] = seeds[i]
-        node_map[seeds[i]] = i
+        src_nodes[i] = nodes[i]
+        node_map[nodes[i]] = i
     count = n
     edge_src = np.empty(num_edges, np.int64)
     for e in range(num_edges):
@@ -291,9 +295,11 @@ def _changed_graph_error(status: int, num_nodes: int) -> Exception:
     if status == _BAD_INDPTR:
         return ConfigError(f"CSRGraph.indptr is decreasing or runs past the end of "
                            f"CSRGraph.indices at a sampled node: {_CHANGED}")
-    what = "CSRGraph.indices" if status == _NEIGHBOUR_OUT_OF_RANGE else "a seed"
-    return IdRangeError(f"{what} holds a node id outside [0, {num_nodes}) at sampling "
-                        f"time: {_CHANGED}")
+    if status == _NEIGHBOUR_OUT_OF_RANGE:
+        return IdRangeError(f"CSRGraph.indices holds a node id outside [0, {num_nodes}) at "
+                            f"sampling time: {_CHANGED}")
+    return IdRangeError(f"a seed lies outside [0, {num_nodes}) at sampling time: the seeds "
+                        "were changed after they were checked")
 
 
 def _parse_fanouts(fanouts: Sequence[int]) -> tuple[int, ...]:
@@ -476,7 +482,7 @@ class BuiltinLoader:
         if torch.unique(seeds).shape[0] != seeds.shape[0]:
             raise ConfigError("seed_nodes must be distinct")
         self.graph = graph
-        self.seed_nodes = seeds
+        self._seed_nodes = seeds
         self.sampler = sampler
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
@@ -493,6 +499,11 @@ class BuiltinLoader:
         self._epoch = 0
 
     @property
+    def seed_nodes(self) -> torch.Tensor:
+        """The seed nodes, int64 (a copy: the loader's own are checked once, when built)."""
+        return self._seed_nodes.clone()
+
+    @property
     def epoch(self) -> int:
         """The epoch the next ``iter()`` will produce."""
         return self._epoch
@@ -505,13 +516,13 @@ class BuiltinLoader:
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
-        n = seeds_per_rank(self.seed_nodes.shape[0], self.world_size, self.drop_last)
+        n = seeds_per_rank(self._seed_nodes.shape[0], self.world_size, self.drop_last)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[SampledTriple]:
         epoch = self._epoch
         self._epoch += 1
-        seeds = self.seed_nodes
+        seeds = self._seed_nodes
         if self.shuffle:
             gen = torch.Generator().manual_seed(
                 int(np.random.SeedSequence([self.seed, epoch, 0]).generate_state(1)[0])
@@ -526,7 +537,7 @@ class BuiltinLoader:
 
     def __repr__(self) -> str:
         return (
-            f"BuiltinLoader(num_seeds={self.seed_nodes.shape[0]}, {self.sampler!r}, "
+            f"BuiltinLoader(num_seeds={self._seed_nodes.shape[0]}, {self.sampler!r}, "
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, seed={self.seed}"
             + (f", rank={self.rank}/{self.world_size}" if self.sharded else "")
