@@ -275,7 +275,7 @@ def produce(
                     if stop.is_set():
                         return
                     # Here, not when sampled: the batch may have waited for a slot.
-                    store.check_memory_unchanged()
+                    store.check_memory_unchanged(device.supports_local_rows)
                     cache_counts = cache.on_fill(batch.x_ids) if cache is not None else {}
                     delivery = _fill(slot, store, device, batch.x_ids, batch.y_ids, fetched,
                                      batch.plan, batch.graphs)

@@ -293,6 +293,9 @@ class FeatureStore:
     num_rows: int = field(init=False, default=0)
     #: The tables of ``all_tables`` that are host tables (not row sources).
     host_tables: tuple[HostTable, ...] = field(init=False, default=(), repr=False)
+    #: The local parts of the row sources (:class:`~pingpong.rowsource.LocalPart`):
+    #: host tables too, read in place where the device reads local rows.
+    local_part_tables: tuple[HostTable, ...] = field(init=False, default=(), repr=False)
     #: ``id()`` of each row-source object behind more than one of the tables.
     shared_sources: frozenset[int] = field(init=False, default=frozenset(), repr=False)
 
@@ -301,14 +304,18 @@ class FeatureStore:
             object.__setattr__(self, "num_rows", next(iter(self.tables.values())).num_rows)
         object.__setattr__(self, "host_tables",
                            tuple(t for t in self.all_tables if isinstance(t, HostTable)))
+        object.__setattr__(self, "local_part_tables",
+                           tuple(t.local.table for t in self.all_tables
+                                 if isinstance(t, RemoteTable) and t.local is not None))
         sources = Counter(id(t.source) for t in self.all_tables if isinstance(t, RemoteTable))
         object.__setattr__(self, "shared_sources",
                            frozenset(key for key, count in sources.items() if count > 1))
 
-    def check_memory_unchanged(self) -> None:
+    def check_memory_unchanged(self, read_local: bool = True) -> None:
         """:meth:`HostTable.check_memory_unchanged` for every host table (per batch,
-        before any row is read)."""
-        for table in self.host_tables:
+        before any row is read) and, with ``read_local`` (the device reads the row
+        sources' local rows in place), for every local part."""
+        for table in (*self.host_tables, *(self.local_part_tables if read_local else ())):
             table.check_memory_unchanged()
 
     @property

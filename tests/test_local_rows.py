@@ -726,3 +726,62 @@ def test_a_device_without_local_rows_fetches_the_local_part_too():
     assert len(fetched.local_rows) == 0
     assert fetched.rows is not None
     assert torch.equal(fetched.rows, features[torch.from_numpy(ids)])
+
+
+class PlacingCPUDevice(CPUDevice):
+    """The CPU device, counting the rows it read from local parts in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows_placed = 0
+
+    def gather_at(self, table: Any, ids: np.ndarray, positions: np.ndarray,
+                  out: torch.Tensor) -> None:
+        self.rows_placed += len(ids)
+        super().gather_at(table, ids, positions, out)
+
+
+def _change_local_part(source: PartitionedRows, how: str) -> None:
+    rows = source.local_partition
+    if how == "data":
+        rows.data = torch.zeros_like(rows)
+    elif how == "set_":
+        rows.set_(rows.clone())  # type: ignore[call-overload]  # stubs lack set_(Tensor)
+    else:  # "resize_ fewer rows": the same memory, another layout
+        rows.resize_(rows.shape[0] - 10, *rows.shape[1:])
+
+
+@pytest.mark.parametrize("how", ["data", "set_", "resize_ fewer rows"])
+def test_a_local_part_given_new_memory_or_a_new_layout_is_refused_before_it_is_read(how):
+    """A local part is read in place like a host table, and checked like one at
+    every fill: changed after the loader was built, the next batch is a
+    ``TableError`` naming it, and no row is read from it (the rows would be the
+    memory it had, stale)."""
+    triples = seq_triples(N, 4)
+    features = make_table(N, (3,))
+    x_source = PartitionedRows(features)
+    device = PlacingCPUDevice()
+    with PingPongLoader(SeqSource(triples, shuffle=False), x_source, device=device) as loader:
+        for batch, (inputs, _outputs, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, features[inputs])
+        placed = device.rows_placed
+        assert placed > 0
+        _change_local_part(x_source, how)
+        change = "new memory" if how != "resize_ fewer rows" else "a new shape"
+        with pytest.raises(pingpong.TableError,
+                           match=rf"features\.local_partition was given {change}"):
+            next(iter(loader))
+        assert device.rows_placed == placed
+
+
+def test_a_local_part_the_device_does_not_read_is_not_checked():
+    """A device that fetches every row (no local rows in place) never reads the
+    local part: a change to it is no reason to refuse a batch."""
+    triples = seq_triples(N, 4)
+    features = make_table(N, (3,))
+    x_source = PartitionedRows(features)
+    with PingPongLoader(SeqSource(triples, shuffle=False), x_source,
+                        device=NoLocalRowsDevice()) as loader:
+        _change_local_part(x_source, "data")
+        for batch, (inputs, _outputs, _b) in zip(loader, triples, strict=True):
+            assert torch.equal(batch.x, features[inputs])
