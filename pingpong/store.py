@@ -12,7 +12,7 @@ import warnings
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -36,6 +36,49 @@ def byte_rows(tensor: torch.Tensor) -> torch.Tensor:
     return rows.view(torch.uint8)
 
 
+class TensorLayout(NamedTuple):
+    """What an in-place change of a tensor's metadata (``resize_``, ``unsqueeze_``,
+    ``set_`` over the same memory) alters."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class NumpyLayout(NamedTuple):
+    """What an in-place change of a NumPy array's attributes (``shape``, ``dtype``,
+    ``strides``, ``data``) alters; strides in bytes."""
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype
+    address: int
+
+
+@dataclass(frozen=True)
+class NumpyOrigin:
+    """The caller's NumPy array behind a table, and its layout when the table was made.
+
+    A table given as an array is read through pingpong's own tensor over the
+    array's memory, which nothing the caller does to the array changes: only the
+    array itself shows an in-place ``arr.shape = ...``, ``arr.dtype = ...`` or
+    ``arr.data = ...``.
+    """
+
+    array: np.ndarray = field(repr=False)
+    layout: NumpyLayout = field(repr=False)
+
+    def change(self) -> str | None:
+        """What changed since the table was made (for :class:`TableError`), or None."""
+        now = _numpy_layout_of(self.array)
+        if now == self.layout:
+            return None
+        if now._replace(address=0) == self.layout._replace(address=0):
+            return "new memory"
+        return (f"a new shape, strides or dtype ({_describe(self.layout)} when the loader "
+                f"was built, {_describe(now)} now)")
+
+
 @dataclass(frozen=True, eq=False)
 class HostTable:
     """One validated host table; ``tensor`` is the caller's own, never copied.
@@ -47,18 +90,16 @@ class HostTable:
             every gather reads (it keeps that memory alive).
         address: ``tensor.data_ptr()`` when the table was made.
         layout: the tensor's shape, strides and dtype when the table was made.
-        array: the caller's NumPy array, for a table given as one (``tensor`` is
-            then pingpong's own view of its memory, which no caller can change).
-        array_layout: the array's shape, strides, dtype and address then.
+        numpy_origin: for a table given as a NumPy array, that array (``tensor``
+            is then pingpong's own view of its memory, which no caller can change).
     """
 
     name: str
     tensor: torch.Tensor
     byte_rows: np.ndarray = field(repr=False)
     address: int = field(repr=False)
-    layout: tuple[object, ...] = field(repr=False)
-    array: np.ndarray | None = field(default=None, repr=False)
-    array_layout: tuple[object, ...] | None = field(default=None, repr=False)
+    layout: TensorLayout = field(repr=False)
+    numpy_origin: NumpyOrigin | None = field(default=None, repr=False)
 
     def check_memory_unchanged(self) -> None:
         """``TableError`` if the caller's tensor was given other memory, or another
@@ -67,33 +108,31 @@ class HostTable:
         for a NumPy array, ``arr.shape = ...``, ``arr.dtype = ...``): gathers
         would keep reading the old memory in the old layout, silently stale or
         of the wrong shape."""
-        if self.array is not None:
-            now = _numpy_layout_of(self.array)
-            if now == self.array_layout:
-                return
-            if now[:3] == self.array_layout[:3]:  # type: ignore[index]
-                change = "new memory"
-            else:
-                change = (f"a new shape, strides or dtype ({_describe(self.array_layout)} "
-                          f"when the loader was built, {_describe(now)} now)")
+        if self.numpy_origin is not None:
+            change = self.numpy_origin.change()
             how = "arr.shape = ..., arr.dtype = ..., arr.data = ..., arr.resize(...)"
             write = f"{self.name}[...] = new"
         else:
-            if self.tensor.data_ptr() != self.address:
-                change = "new memory"
-            elif _layout_of(self.tensor) != self.layout:
-                change = (f"a new shape, strides or dtype ({_describe(self.layout)} when the "
-                          f"loader was built, {_describe(_layout_of(self.tensor))} now)")
-            else:
-                return
+            change = self._tensor_change()
             how = "tensor.data = ..., tensor.set_(...), an in-place resize_ or view"
             write = f"{self.name}.copy_(new)"
+        if change is None:
+            return
         raise TableError(
             f"{self.name} was given {change} after the loader was built ({how}); "
             "pingpong reads the memory a table had when the loader was built, in "
             "its layout then, so its batches would not be what the table holds. "
             f"Write the new values in place ({write}) or build a new loader"
         )
+
+    def _tensor_change(self) -> str | None:
+        if self.tensor.data_ptr() != self.address:
+            return "new memory"
+        now = _layout_of(self.tensor)
+        if now != self.layout:
+            return (f"a new shape, strides or dtype ({_describe(self.layout)} when the "
+                    f"loader was built, {_describe(now)} now)")
+        return None
 
     # The table's rows as the gathers read them: ``byte_rows``' memory in the layout
     # recorded when the table was made -- not the caller's tensor now, which may have
@@ -106,11 +145,11 @@ class HostTable:
 
     @property
     def row_shape(self) -> tuple[int, ...]:
-        return tuple(self.layout[0][1:])  # type: ignore[index]
+        return self.layout.shape[1:]
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.layout[2]  # type: ignore[return-value]
+        return self.layout.dtype
 
     @property
     def row_bytes(self) -> int:
@@ -122,20 +161,17 @@ class HostTable:
         return int(self.byte_rows.nbytes)
 
 
-def _layout_of(tensor: torch.Tensor) -> tuple[object, ...]:
-    return tuple(tensor.shape), tensor.stride(), tensor.dtype
+def _layout_of(tensor: torch.Tensor) -> TensorLayout:
+    return TensorLayout(tuple(tensor.shape), tensor.stride(), tensor.dtype)
 
 
-def _numpy_layout_of(array: np.ndarray) -> tuple[object, ...]:
-    """Shape, strides (bytes), dtype and address: what an in-place change of a
-    NumPy array's attributes (``shape``, ``dtype``, ``strides``) alters."""
-    return array.shape, array.strides, array.dtype, array.__array_interface__["data"][0]
+def _numpy_layout_of(array: np.ndarray) -> NumpyLayout:
+    return NumpyLayout(array.shape, array.strides, array.dtype,
+                       array.__array_interface__["data"][0])
 
 
-def _describe(layout: tuple[object, ...] | None) -> str:
-    assert layout is not None
-    shape, strides, dtype = layout[:3]
-    return f"shape {shape}, strides {strides}, {dtype}"
+def _describe(layout: TensorLayout | NumpyLayout) -> str:
+    return f"shape {layout.shape}, strides {layout.strides}, {layout.dtype}"
 
 
 #: A feature or label table: a host tensor read in place, or a row source
@@ -251,8 +287,8 @@ def make_host_table(value: Any, name: str) -> HostTable:
             "batch.input_nodes) and give pingpong only the fixed tables"
         )
     return HostTable(name, tensor, byte_rows(tensor).numpy(), tensor.data_ptr(),
-                     _layout_of(tensor), array,
-                     None if array is None else _numpy_layout_of(array))
+                     _layout_of(tensor),
+                     None if array is None else NumpyOrigin(array, _numpy_layout_of(array)))
 
 
 #: What a table is keyed by: ``None`` (the one table of its kind), a feature
