@@ -280,3 +280,25 @@ def test_a_cache_off_the_word_boundary_narrows_the_word(monkeypatch):
                               cuda.to_device(ids), out, **SMALL)
     assert words == [(2, 2, 2)]
     assert _same_bytes(out.copy_to_host(), table[ids])
+
+
+@pytest.mark.skipif(not kc.is_simulator(), reason="NumPy arguments: the simulator's only")
+@pytest.mark.parametrize("count", [False, True], ids=["no-count", "count"])
+def test_numpy_arguments_in_simulator_are_only_read(count):
+    """A NumPy table, cache, slot map and ids are read, never written (the simulator
+    copies a bare NumPy argument back over the caller's after the launch, which a
+    read-only one makes fail); strided host ids gather like contiguous ones."""
+    table = _table(40, 3, np.float16)
+    cache, slot_of = _cache_of(table, np.array([1, 5, 9, 30]))
+    for array in (table, cache, slot_of):
+        array.flags.writeable = False
+    ids = np.array([5, 0, 30, 9, 9, 2, 39, 1, 6, 5], dtype=np.int64)
+    frozen_ids = ids.copy()
+    frozen_ids.flags.writeable = False
+    for case, case_ids in (("read-only ids", frozen_ids), ("strided ids", ids[::2])):
+        out = _out(table, len(case_ids))
+        hits = np.zeros(1, dtype=np.int64) if count else None
+        cached.gather_rows_cached(table, cache, slot_of, case_ids, out, hits=hits, **SMALL)
+        assert _same_bytes(out, table[case_ids]), case
+        if hits is not None:
+            assert int(hits[0]) == int(np.isin(case_ids, [1, 5, 9, 30]).sum()), case

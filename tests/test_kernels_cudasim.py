@@ -488,6 +488,34 @@ def test_numpy_arrays_in_simulator(id_dtype: type) -> None:
         assert_same_bytes(out, table[ids], f"dtype={np.dtype(dtype)} width={width}")
 
 
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` as ``np.load(..., mmap_mode="r")`` gives it: not writeable."""
+    array.flags.writeable = False
+    return array
+
+
+@sim_only
+@pytest.mark.parametrize("how", ["id-order", "sorted", "positions"])
+def test_numpy_arguments_in_simulator_are_only_read(how: str) -> None:
+    """A NumPy table and ids are read, never written: the simulator copies a bare
+    NumPy argument back over the caller's array after the launch (a write made to
+    it meanwhile would be lost), which a read-only table or ids make fail.  Strided
+    host ids are as good as contiguous ones."""
+    rng = np.random.default_rng(11)
+    table = read_only(random_rows(rng, 30, 5, np.float32))
+    ids = rng.integers(0, 30, 40)
+    cases = {"read-only ids": read_only(ids.copy()), "strided ids": ids[::2]}
+    for case, case_ids in cases.items():
+        out = np.full((len(case_ids), 5), 7, dtype=np.float32)
+        if how == "positions":
+            order = np.argsort(case_ids, kind="stable")
+            kc.gather_rows_cuda_unchecked(table, read_only(case_ids[order]), out,
+                                          positions=read_only(order.astype(np.int64)))
+        else:
+            kc.gather_rows_cuda(table, case_ids, out, sort_ids=how == "sorted")
+        assert_same_bytes(out, table[case_ids], case)
+
+
 # --------------------------------------------------------------------------- unchecked path
 
 

@@ -358,6 +358,20 @@ def _launch(kernel: Any, blocks: int, threads: int, stream: Any, *args: Any) -> 
         kernel[blocks, threads, stream](*args)
 
 
+def _read_only(arr: Array) -> Any:
+    """``arr`` as an argument the kernel only reads.
+
+    Under the simulator a bare NumPy argument is treated as ``cuda.InOut``: copied
+    in, and after the launch copied back over the caller's array -- a write made
+    to it during the launch is lost, a read-only array (``np.load(mmap_mode="r")``)
+    fails after the kernel ran, and a strided one is refused.  ``cuda.In`` (of a
+    contiguous copy) is copied in only.  Device arrays are returned as they are.
+    """
+    if is_simulator() and isinstance(arr, np.ndarray) and not _is_device_array(arr):
+        return cuda.In(np.ascontiguousarray(arr))
+    return arr
+
+
 def _to_device(host: np.ndarray, stream: Any) -> Array:
     return cuda.to_device(np.ascontiguousarray(host), stream=stream)
 
@@ -680,12 +694,15 @@ def gather_rows_cuda_unchecked(
         src = ids if on_device or is_simulator() else _to_device(ids, launch_stream)
         dst = src
         permuted = False
+    # Read-only: under the simulator a bare NumPy argument is written back (_read_only).
+    table_words = _read_only(_words(table, plan.word_bytes))
+    src, dst = _read_only(src), _read_only(dst)
     _launch(
         _gather_kernel,
         plan.blocks,
         plan.threads_per_block,
         launch_stream,
-        _words(table, plan.word_bytes),
+        table_words,
         _words(out, plan.word_bytes),
         src,
         dst,
@@ -727,7 +744,8 @@ def gather_rows_cuda(
             means one warp, or fewer for rows shorter than a warp.
         threads_per_block: power of two in ``[1, 1024]``, default 256.
 
-    Under the simulator, ``table``, ``ids`` and ``out`` may also be NumPy arrays.
+    Under the simulator, ``table``, ``ids`` and ``out`` may also be NumPy arrays
+    (``table`` and ``ids`` read-only or strided ids too): only ``out`` is written.
 
     Raises:
         IdShapeError / IdTypeError: ids are not 1-D int32/int64.

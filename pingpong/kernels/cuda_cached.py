@@ -53,6 +53,7 @@ from .cuda import (
     _is_c_contiguous,
     _is_device_array,
     _launch,
+    _read_only,
     _require_cuda,
     _row_group,
     _shift_words_device,
@@ -147,6 +148,8 @@ def gather_rows_cached_unchecked(
     ids = on_device(ids)
     dst = ids if positions is None else on_device(positions)
     count_hits = hits is not None
+    # Read-only: under the simulator a bare NumPy argument is written back (_read_only).
+    ids, dst = _read_only(ids), _read_only(dst)
     if hits is None:
         hits = ids  # a placeholder of the right kind: never written without count_hits
     # An empty cache still needs a 2-D array of the table's words to launch with.
@@ -157,9 +160,9 @@ def gather_rows_cached_unchecked(
         plan.blocks,
         plan.threads_per_block,
         launch_stream,
-        _words(table, plan.word_bytes),
-        _words(cache_rows, plan.word_bytes),
-        on_device(slot_of),
+        _read_only(_words(table, plan.word_bytes)),
+        _read_only(_words(cache_rows, plan.word_bytes)),
+        _read_only(on_device(slot_of)),
         _words(out, plan.word_bytes),
         ids,
         dst,
