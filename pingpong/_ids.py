@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .errors import IdShapeError, IdTypeError
-from .kernels._checks import check_id_array, check_id_range
+from .kernels._checks import ID_DTYPES, check_id_array, check_id_range
 from .store import FeatureStore, Table, TableKey
 
 _TORCH_ID_DTYPES = (torch.int32, torch.int64)
@@ -32,7 +32,8 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
 
     Raises:
         IdTypeError: not a tensor/array, or a dtype other than int32/int64
-            (floats, bools and unsigned types are refused, not cast), a tensor on
+            (floats, bools and unsigned types are refused, not cast; int32/int64
+            of either byte order are read), a tensor on
             the meta device or of a sparse layout, a NumPy masked array.  (A
             lazily negated view is read as the values it stands for.)
         IdShapeError: not 1-D.
@@ -58,6 +59,11 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
         if isinstance(ids, np.ma.MaskedArray):
             raise IdTypeError(f"{name} is a NumPy masked array, whose masked entries are "
                               f"no ids; pass {name}.compressed() (the unmasked ids)")
+        if not ids.dtype.isnative and ids.dtype.newbyteorder("=") in ID_DTYPES:
+            # int32/int64 in the other byte order (read from a file written on a
+            # big-endian machine, or as ">i8"): the same values, taken in this
+            # machine's order -- the ids are copied anyway
+            ids = ids.astype(ids.dtype.newbyteorder("="))
         check_id_array(ids, name)
         array = ids
     elif isinstance(ids, Mapping):

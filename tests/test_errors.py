@@ -763,3 +763,18 @@ def test_a_failure_whose_message_cannot_be_read_is_still_the_one_raised():
         with pytest.raises(pingpong.EpochFailedError,
                            match=r"failed after 1 batches \(_UnprintableError\)"):
             next(it)
+
+
+def test_a_kernel_given_ids_in_the_other_byte_order_says_how_to_convert_them():
+    """The kernels take ids as they are (no copy): int64 in the other byte order
+    are refused, with the conversion named; other dtypes get no such hint."""
+    from pingpong.kernels import gather_rows_cpu
+
+    table, out = np.zeros((5, 2), np.float32), np.zeros((2, 2), np.float32)
+    with pytest.raises(pingpong.IdTypeError,
+                       match=r"in this machine's byte order \(it is >i8: pass "
+                             r"ids.astype\('int64'\)\), got >i8"):
+        gather_rows_cpu(table, np.array([1, 2], ">i8"), out)
+    with pytest.raises(pingpong.IdTypeError, match=r"int32 or int64, got >u8$"):
+        gather_rows_cpu(table, np.array([1, 2], ">u8"), out)
+    assert not out.any()

@@ -115,7 +115,10 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     lambda base: base.numpy()[::-1],
     lambda base: _read_only(base.numpy()),
     lambda base: base.to(torch.int32).numpy()[::-2],
-], ids=["tensor", "array", "tensor[::2]", "array[::-1]", "read-only", "int32[::-2]"])
+    lambda base: base.numpy().astype(">i8"),
+    lambda base: base.numpy().astype(">i4")[::-1],
+], ids=["tensor", "array", "tensor[::2]", "array[::-1]", "read-only", "int32[::-2]",
+        "big-endian", "big-endian int32[::-1]"])
 def test_host_ids_are_a_contiguous_writeable_copy(layout):
     """What every consumer of a batch's ids (``torch.from_numpy`` in the CPU fallback,
     a row source's fetch, the CUDA id staging) relies on; and never the caller's
@@ -125,20 +128,24 @@ def test_host_ids_are_a_contiguous_writeable_copy(layout):
     assert array.flags.c_contiguous
     assert array.flags.writeable
     assert array.tolist() == given.tolist()
-    assert array.dtype == (np.int32 if given.dtype in (np.int32, torch.int32) else np.int64)
+    narrow = given.dtype == torch.int32 or (isinstance(given, np.ndarray)
+                                             and given.dtype.itemsize == 4)
+    assert array.dtype == (np.int32 if narrow else np.int64)  # this machine's byte order
     given_memory = given.numpy() if isinstance(given, torch.Tensor) else given
     assert not np.shares_memory(array, given_memory)
 
 
 @pytest.mark.parametrize("device_kind", DEVICE_KINDS)
 def test_non_contiguous_and_int32_ids_are_gathered_correctly(device_kind):
-    """Strided or narrow ids are valid input, not an error (on CUDA: through the id
-    staging, which hands the ids to ``torch.from_numpy``)."""
+    """Strided, narrow or big-endian ids are valid input, not an error (on CUDA:
+    through the id staging, which hands the ids to ``torch.from_numpy``)."""
     base = torch.randperm(N)
     triples = [
         (base[::3], base[1::5], {"seq": 0}),
         (base.to(torch.int32)[::2], base[:7].to(torch.int32), {"seq": 1}),
         (base.numpy()[::-1], base.numpy()[:3], {"seq": 2}),  # a negative stride
+        # the other byte order (ids read from a big-endian file)
+        (base.numpy()[:20].astype(">i8"), base.numpy()[:4].astype(">i4"), {"seq": 3}),
     ]
     features, labels = make_table(), make_table(N, (), torch.int64)
     dense = [(dense_ids(t[0]), dense_ids(t[1]), t[2]) for t in triples]
@@ -149,7 +156,7 @@ def test_non_contiguous_and_int32_ids_are_gathered_correctly(device_kind):
         for batch in loader:
             verifier.submit(batch)
         verifier.resolve()
-    assert (verifier.checked, verifier.corrupted) == (3, 0)
+    assert (verifier.checked, verifier.corrupted) == (4, 0)
 
 
 _READ_ONLY_TABLE_CHILD = """

@@ -24,7 +24,11 @@ def check_id_array(ids: np.ndarray, name: str = "ids") -> None:
     if ids.ndim != 1:
         raise IdShapeError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
     if ids.dtype not in ID_DTYPES:
-        raise IdTypeError(f"{name} must have dtype int32 or int64, got {ids.dtype}")
+        hint = ""
+        if not ids.dtype.isnative and ids.dtype.newbyteorder("=") in ID_DTYPES:
+            hint = (f" in this machine's byte order (it is {ids.dtype.str}: pass "
+                    f"{name}.astype({ids.dtype.newbyteorder('=').name!r}))")
+        raise IdTypeError(f"{name} must have dtype int32 or int64{hint}, got {ids.dtype}")
 
 
 def check_gather_shapes(table: object, ids: object, out: object) -> None:
