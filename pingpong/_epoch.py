@@ -100,6 +100,9 @@ class Epoch:
         producer_nice: int = 0,
     ) -> None:
         self.device = device
+        #: the loader's health check while the epoch runs; None once it ended
+        #: (the loader's core holds the last epoch, and must reach nothing of
+        #: the user's: see :class:`~pingpong._lifecycle.LoaderCore`)
         self.health = health
         self.takes_rpc_turns = rpc_lock is not None
         self.debug = debug
@@ -225,8 +228,9 @@ class Epoch:
                     return
                 if self.state is not EpochState.RUNNING or not self.producer_alive():
                     return  # next() says why
-                if self.health is not None:
-                    self.health()
+                health = self.health  # end() on another thread may drop it
+                if health is not None:
+                    health()
                 if not said and time.perf_counter() - start > JOIN_TIMEOUT_S:
                     said = True
                     self._say_who_is_waited_for()
@@ -449,8 +453,9 @@ class Epoch:
                     return self.ready_q.get(timeout=wait)
                 except queue.Empty:
                     pass
-                if self.health is not None:
-                    self.health()  # a fetch in flight to a dead server never returns
+                health = self.health  # end() on another thread may drop it
+                if health is not None:
+                    health()  # a fetch in flight to a dead server never returns
                 if not self.producer_alive():
                     try:  # it may have queued its last message just before exiting
                         return self.ready_q.get_nowait()
@@ -491,6 +496,7 @@ class Epoch:
                 return False
             self.failure = failure
             self.state = state
+        self.health = None
         self.ready_q.put(_WAKEUP)
         return True
 

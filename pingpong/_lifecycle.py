@@ -81,20 +81,20 @@ def _inside_on_this_thread(mark: int | None, lock: threading.Lock) -> bool:
 class LoaderCore:
     """What a loader, its iterators and its finaliser share: the one running epoch.
 
-    ``make_epoch`` builds a new :class:`~pingpong._epoch.Epoch`, which the
-    core holds before it starts it (see :meth:`~pingpong._epoch.Epoch.start`);
-    the core owns ``device`` and closes it once, after the last epoch was
+    The core owns ``device`` and closes it once, after the last epoch was
     retired.  Thread-safe.
+
+    The loader's finaliser holds the core for as long as the loader lives, so
+    the core holds nothing of the user's (the source, a ``form=`` callable, the
+    health check): a loader reachable from one of those (a trainer that keeps
+    ``self.loader`` and passes ``health_check=self.check``) would never be
+    freed.  They come with each :meth:`start_epoch`; an epoch keeps them in its
+    producer thread's arguments, which the thread drops when it ends, and its
+    health check until it ends (:meth:`~pingpong._epoch.Epoch.end`).
     """
 
-    def __init__(self, make_epoch: Callable[[], Epoch], device: Device,
-                 shared_iterator_source: object | None = None) -> None:
-        self._make_epoch = make_epoch
+    def __init__(self, device: Device) -> None:
         self.device = device
-        #: the source, if its iter() ends or resets an iterator already open
-        #: (persistent DataLoader workers, datapipes): one loader's epoch at a
-        #: time, and no new pass while an ended epoch's producer is inside it
-        self.shared_iterator_source = shared_iterator_source
         self.epoch: Epoch | None = None
         self.closed = False
         #: the last epoch retired and the device closed (``closed`` comes first)
@@ -107,8 +107,16 @@ class LoaderCore:
         self._starting_on: int | None = None
         self._closing_on: int | None = None
 
-    def start_epoch(self) -> Epoch:
-        """``iter(loader)``: supersede the running epoch, start the next one.
+    def start_epoch(self, make_epoch: Callable[[], Epoch],
+                    shared_iterator_source: object | None = None) -> Epoch:
+        """``iter(loader)``: supersede the running epoch, start the one
+        ``make_epoch`` builds (the core holds it before it starts it: see
+        :meth:`~pingpong._epoch.Epoch.start`).
+
+        ``shared_iterator_source``: the source, if its ``iter()`` ends or resets
+        an iterator already open (persistent DataLoader workers, datapipes): one
+        loader's epoch at a time, and no new pass while an ended epoch's
+        producer is inside it.
 
         Raises :class:`LoaderClosedError` on a closed loader -- also when a signal
         handler closed it while this ran (it then finishes that close)."""
@@ -116,7 +124,7 @@ class LoaderCore:
             with self._lock:
                 try:  # set inside: a Ctrl-C before the try leaves no stale mark
                     self._starting_on = threading.get_ident()
-                    epoch = self._start_epoch()
+                    epoch = self._start_epoch(make_epoch, shared_iterator_source)
                 finally:
                     self._starting_on = None
         finally:
@@ -131,7 +139,8 @@ class LoaderCore:
         assert epoch is not None
         return epoch
 
-    def _start_epoch(self) -> Epoch | None:
+    def _start_epoch(self, make_epoch: Callable[[], Epoch],
+                     shared_iterator_source: object | None) -> Epoch | None:
         """:meth:`start_epoch` holding the lock; None if closed during the retire."""
         if self.closed:
             raise LoaderClosedError("this PingPongLoader is closed")
@@ -148,15 +157,15 @@ class LoaderCore:
         self.epoch = None
         if self.closed:
             return None
-        epoch = self.epoch = self._make_epoch()
-        if previous is not None and self.shared_iterator_source is not None:
+        epoch = self.epoch = make_epoch()
+        if previous is not None and shared_iterator_source is not None:
             # Its iter() would end or reset the iterator that producer (or one it
             # waited for) may be in (torchdata #1482): the new pass starts once
             # they have left.
             epoch.start_after(previous.producers_to_outlast())
         try:
             # held first: a Ctrl-C from here on leaves no orphan producer
-            start_claiming(self.shared_iterator_source, epoch)
+            start_claiming(shared_iterator_source, epoch)
         except BaseException:
             if epoch.thread.ident is None:
                 self.epoch = None  # never started: nothing to retire

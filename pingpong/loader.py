@@ -339,7 +339,9 @@ class PingPongLoader(Iterable[Any]):
             self._timeout = None if timeout is None else float(timeout)
             self._debug = bool(debug)
             self._name = str(next(_loader_ids))
-            self._core = self._make_core(reader, cpus, health_check, shared_iterator_source)
+            self._new_epoch = self._epoch_factory(reader, cpus, health_check)
+            self._shared_iterator_source = shared_iterator_source
+            self._core = LoaderCore(self._device)
         except BaseException:
             # No finaliser exists yet to release them.
             if watch is not None:
@@ -348,14 +350,12 @@ class PingPongLoader(Iterable[Any]):
             raise
         self._finalizer = weakref.finalize(self, _close, self._core, self._server_watch)
 
-    def _make_core(self, reader: ItemReader, cpus: frozenset[int] | None,
-                   health_check: Callable[[], None] | None,
-                   shared_iterator_source: object | None) -> LoaderCore:
-        """The lifecycle (:mod:`pingpong._lifecycle`): what starts each epoch."""
+    def _epoch_factory(self, reader: ItemReader, cpus: frozenset[int] | None,
+                       health_check: Callable[[], None] | None) -> Callable[[], Epoch]:
+        """What builds each epoch (:mod:`pingpong._lifecycle`).  The loader holds
+        it, not the core: the finaliser holds the core, and this holds the
+        user's objects (see :class:`~pingpong._lifecycle.LoaderCore`)."""
         health = _combine_checks(self._server_watch, health_check)
-        # The lifecycle (pingpong._lifecycle) lives in the core; the finaliser
-        # holds the core, not the loader, and runs once no iterator is left
-        # (every iterator keeps its loader alive).
         new_epoch = functools.partial(
             Epoch,
             self._source,
@@ -384,8 +384,7 @@ class PingPongLoader(Iterable[Any]):
                 cache.build_if_ready(device)
             return new_epoch()
 
-        return LoaderCore(start_epoch, self._device,
-                          shared_iterator_source=shared_iterator_source)
+        return start_epoch
 
     # -- iteration -----------------------------------------------------------
     def __iter__(self) -> EpochIterator:
@@ -405,7 +404,7 @@ class PingPongLoader(Iterable[Any]):
         when another thread supersedes this epoch, and is skipped inside
         :func:`pingpong.rpc_turn` for a loader that takes turns.
         """
-        epoch = self._core.start_epoch()
+        epoch = self._core.start_epoch(self._new_epoch, self._shared_iterator_source)
         epoch.wait_for_source_start()
         return EpochIterator(self, epoch)
 

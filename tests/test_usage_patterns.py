@@ -13,6 +13,7 @@ import gc
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -813,3 +814,72 @@ def test_the_state_machine_reads_what_the_batch_held():
         batch = next(iter(loader))
         assert batch_digest(batch) == (Expected(features, labels, triples).x[0],
                                        Expected(features, labels, triples).y[0])
+
+
+class Trainer:
+    """A user's trainer that keeps its loader and hands it one of its own: a bound
+    method as ``health_check`` or ``form=``, or a source that refers back to it."""
+
+    def __init__(self, link: str, device: Any) -> None:
+        triples, features, labels = triples_and_tables()
+        self.checks = 0
+        items: Any = triples
+        kwargs: dict[str, Any] = {}
+        if link == "health_check":
+            kwargs["health_check"] = self.check
+        elif link == "form":
+            items = [{"nodes": i, "seeds": o} for i, o, _b in triples]
+            kwargs["form"] = self.read
+        else:  # "source"
+            items = TrainerSource(self, triples)
+        self.loader = PingPongLoader(items, features, labels, device=device, **kwargs)
+
+    def check(self) -> None:
+        self.checks += 1
+
+    def read(self, item: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        return item["nodes"], item["seeds"]
+
+
+class TrainerSource:
+    def __init__(self, trainer: Trainer, triples: list[Any]) -> None:
+        self.trainer, self.triples = trainer, triples
+
+    def __iter__(self) -> Any:
+        return iter(self.triples)
+
+    def __len__(self) -> int:
+        return len(self.triples)
+
+
+@pytest.mark.parametrize("end", ["epoch", "break", "close"])
+@pytest.mark.parametrize("link", ["health_check", "form", "source"])
+def test_a_loader_reached_from_what_it_was_given_is_freed_with_its_owner(link, end):
+    """From a lifecycle probe: the loader's finaliser held the callables that start
+    an epoch (the source, the form, the health check), and a finaliser's arguments
+    live as long as it is armed -- so a loader reachable from one of them (a
+    trainer that keeps ``self.loader`` and passes ``self.check``) was never freed,
+    even after ``close()``: its slots, its device (on the fake device, two worker
+    threads) and the whole trainer stayed for the life of the process, one more
+    per trainer built.  Dropped, the trainer now takes its loader with it."""
+    device = fake(seed=2, max_delay_s=0.0)
+    trainer = Trainer(link, device)
+    batches = 0
+    for batch in trainer.loader:
+        assert batch.x.shape[1] == 6
+        batches += 1
+        if end == "break":
+            break
+    if end == "close":
+        trainer.loader.close()
+    assert batches == (1 if end == "break" else BATCHES)
+    loader = weakref.ref(trainer.loader)
+    del trainer, batch
+    # After a break the producer may still be on its way out (the epoch ended, not
+    # retired): until it has left, its arguments reach the trainer.
+    deadline = time.monotonic() + 5.0
+    while gc.collect() is not None and loader() is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert loader() is None
+    assert device.closed
+    assert wait_for_no_pingpong_threads(5.0) == []
