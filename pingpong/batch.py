@@ -59,7 +59,16 @@ class LeasedBatch:
         return replaced
 
     def clone(self) -> Any:
-        """A copy whose ``x`` and ``y`` own their memory (safe to keep)."""
+        """A copy whose ``x`` and ``y`` own their memory (safe to keep).
+
+        Raises :class:`~pingpong.errors.BatchExpiredError` once the slot was
+        handed back (the next batch was requested, or a new epoch started):
+        the copy would be of whatever the slot holds now.  Clone before the
+        next ``next()``.  (A clone, and a batch built anew from the fields,
+        carry no lease: nothing is checked for them.)
+        """
+        if self._lease is not None:
+            self._lease.check_not_ended("clone()")
         fields = self._asdict()  # type: ignore[attr-defined]
         fields["x"] = _clone(fields["x"])
         fields["y"] = _clone(fields["y"])
@@ -68,7 +77,9 @@ class LeasedBatch:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """``pickle``, ``copy.copy``/``deepcopy`` and ``torch.save`` take what
         :meth:`clone` returns: the fields, ``x`` and ``y`` owning their rows (not
-        the whole slot they are views of), and no lease (it holds a lock)."""
+        the whole slot they are views of), and no lease (it holds a lock).  Like
+        :meth:`clone`, they raise :class:`~pingpong.errors.BatchExpiredError`
+        once the slot was handed back."""
         return (type(self), tuple(self.clone()))
 
 

@@ -73,7 +73,8 @@ exception                          raised when
                                    source or a health check raised
                                    ``StopIteration``, which is not the end of an
                                    epoch (``RuntimeError``)
-:class:`BatchExpiredError`         ``batch.record_stream()`` after the batch's
+:class:`BatchExpiredError`         ``batch.record_stream()`` or ``clone()``
+                                   (``copy``, ``pickle``) after the batch's
                                    slot was handed back (``RuntimeError``)
 :class:`SlotOverwriteError`        ``debug=True`` only: a slot was refilled while
                                    the training loop held it (``RuntimeError``)

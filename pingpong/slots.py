@@ -134,14 +134,25 @@ class Lease:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ended: bool = False
 
+    @property
+    def ended(self) -> bool:
+        """Whether the slot was handed back (:meth:`end`)."""
+        return self._ended
+
+    def check_not_ended(self, doing: str) -> None:
+        """:class:`~pingpong.errors.BatchExpiredError` naming ``doing`` once the
+        slot was handed back: its rows may be another batch's by now."""
+        if self._ended:
+            raise BatchExpiredError(
+                f"{doing}: this batch's slot was handed back when the next batch was "
+                "requested (or a new epoch started), and may hold another batch's rows; "
+                "clone() a batch before the next one to keep it longer"
+            )
+
     def use_on(self, stream: Any) -> None:
         """Make ``stream`` wait for the batch, and hold the slot until its work is done."""
         with self._lock:
-            if self._ended:
-                raise BatchExpiredError(
-                    "this batch's slot was handed back when the next batch was requested "
-                    "(or a new epoch started); clone() a batch to keep it longer"
-                )
+            self.check_not_ended("record_stream()")
             # Held before the wait is queued: a Ctrl-C (or device error) that lands
             # once the stream waits must not leave it off the release events --
             # the producer would refill the slot under its work.  A stream held

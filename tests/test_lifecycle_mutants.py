@@ -8,10 +8,14 @@ mutant applied.
 
 from __future__ import annotations
 
+import copy
 import gc
+import io
+import pickle
 import queue
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -157,17 +161,48 @@ def test_a_closed_loader_says_how_far_the_epoch_got():
         next(it)
 
 
-def test_an_expired_batch_says_why_and_what_to_do():
+EXPIRED_USES: dict[str, tuple[str, Any]] = {
+    "record_stream": ("record_stream()", lambda batch: batch.record_stream(None)),
+    "clone": ("clone()", lambda batch: batch.clone()),
+    "copy": ("clone()", copy.copy),
+    "deepcopy": ("clone()", copy.deepcopy),
+    "pickle": ("clone()", pickle.dumps),
+    "torch.save": ("clone()", lambda batch: torch.save(batch, io.BytesIO())),
+}
+
+
+@pytest.mark.parametrize("use", sorted(EXPIRED_USES))
+def test_an_expired_batch_says_why_and_what_to_do(use):
+    """A batch kept past the next ``next()``: its slot may hold the next batch's
+    rows, so a copy of it would be another batch's data under this one's ids --
+    found (from a lifecycle probe) for ``clone()``, ``copy``, ``pickle`` and
+    ``torch.save``, which copied silently; ``record_stream`` refused already."""
+    doing, act = EXPIRED_USES[use]
     with pingpong.PingPongLoader(seq_triples(N, 6), make_table()) as loader:
         it = iter(loader)
         first = next(it)
+        kept = first.clone()  # before the next batch: a copy of its own
         next(it)
         with pytest.raises(pingpong.BatchExpiredError) as info:
-            first.record_stream(None)
+            act(first)
+        act(kept)  # a clone has no lease: nothing to refuse
     assert str(info.value) == (
-        "this batch's slot was handed back when the next batch was requested "
-        "(or a new epoch started); clone() a batch to keep it longer"
+        f"{doing}: this batch's slot was handed back when the next batch was requested "
+        "(or a new epoch started), and may hold another batch's rows; clone() a batch "
+        "before the next one to keep it longer"
     )
+
+
+def test_a_batch_kept_after_a_break_is_still_cloned():
+    """Ending an epoch early does not hand the slot back (the batch stays intact
+    until the loader's next epoch): its clone is the batch."""
+    triples, features = seq_triples(N, 6), make_table()
+    with pingpong.PingPongLoader(triples, features) as loader:
+        batch = next(iter(loader))  # the iterator dropped: the epoch ends early
+        assert torch.equal(batch.clone().x, features[triples[0][0]])
+        iter(loader)
+        with pytest.raises(pingpong.BatchExpiredError):
+            batch.clone()
 
 
 # -- the producer delivers the item's own fields (mutants of produce and _fill) -------

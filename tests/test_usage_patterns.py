@@ -610,12 +610,14 @@ def test_a_batch_replaced_field_by_field_keeps_its_slot_lease():
         assert moved.x is first.x
         assert moved.record_stream("side") is moved
         assert ("wait", "side") in device.log
+        assert moved.clone()._lease is None
         next(it)
         releases = [entry for entry in device.log if entry[0] == "record"]
         assert releases == [("record", "current"), ("record", "side")]
         with pytest.raises(pingpong.BatchExpiredError):
             moved.record_stream("other")
-        assert moved.clone()._lease is None
+        with pytest.raises(pingpong.BatchExpiredError):
+            moved.clone()
         it.close()
 
 
