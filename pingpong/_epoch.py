@@ -555,14 +555,35 @@ class EpochIterator(Iterator[Any]):
     It keeps its loader alive, so ``for batch in PingPongLoader(...)`` works.
     Dropping it ends the epoch (the producer stops at once); the loader
     finishes the shutdown when the next epoch starts or when it is closed.
+    Like a generator, it runs one ``next()`` at a time: a ``next()`` on another
+    thread while one runs is refused (:class:`ConfigError`).
     """
 
     def __init__(self, loader: PingPongLoader, epoch: Epoch) -> None:
         self._loader = loader
         self._epoch = epoch
+        self._next_lock = threading.Lock()
+        #: the thread inside __next__, if any
+        self._next_on: int | None = None
 
     def __next__(self) -> Any:
-        return self._epoch.next_batch()
+        me = threading.get_ident()
+        with self._next_lock:
+            if self._next_on not in (None, me):
+                # Each next() hands back the batch before it, which the other
+                # thread holds: its slot could be refilled under it, and the
+                # lease one of the two calls takes would be lost with its slot.
+                raise ConfigError(
+                    "next() on this epoch's iterator is already running on another "
+                    "thread; an iterator runs one next() at a time, as a generator "
+                    "does (each next() hands back the batch before it). Give each "
+                    "thread its own loader, or pass batches on from one thread "
+                    "(clone() one to keep it past the next next())")
+            self._next_on = me
+        try:
+            return self._epoch.next_batch()
+        finally:
+            self._next_on = None
 
     @property
     def batches_delivered(self) -> int:

@@ -39,8 +39,10 @@ exception                          raised when
 :class:`ConfigError`               an argument is invalid: the loader's, the built-in
                                    sampler's, a helper's (``ValueError`` and
                                    ``TypeError``); also a source that is no
-                                   re-iterable, and ``len()`` of a loader whose
-                                   source has none
+                                   re-iterable, ``len()`` of a loader whose
+                                   source has none, and ``next()`` on an
+                                   iterator while another thread is in its
+                                   ``next()``
 :class:`GatherModeUnavailable`     the requested gather mode cannot run on this
                                    device or build (a ``ConfigError``)
 :class:`BatchTimeoutError`         no batch arrived (or the source's ``iter()``

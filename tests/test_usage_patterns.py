@@ -885,3 +885,35 @@ def test_a_loader_reached_from_what_it_was_given_is_freed_with_its_owner(link, e
     assert loader() is None
     assert device.closed
     assert wait_for_no_pingpong_threads(5.0) == []
+
+
+def test_a_next_on_another_thread_while_one_runs_is_refused():
+    """From a lifecycle probe: two threads calling ``next()`` on one iterator at
+    once each took a lease over the other's (the second overwrote the first,
+    whose slot was then never handed back: one slot fewer for the rest of the
+    epoch), and each handed back the batch the other held.  The second ``next()``
+    is refused now, as a generator's would be, and the epoch goes on as if it
+    had not been asked: every batch exact, every slot back."""
+    triples, features, labels = triples_and_tables()
+    source = GatedSource(triples, stall_at=1)
+    device = StreamLog()
+    with PingPongLoader(source, features, labels, device=device) as loader:
+        it = iter(loader)
+        seqs = [expect_batch(next(it), triples, features, labels)]
+        got: list[Any] = []
+        waiting = threading.Thread(target=lambda: got.append(next(it)))
+        waiting.start()  # waits in next() for item 1, behind the gate
+        deadline = time.monotonic() + 5.0
+        while it._next_on is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with pytest.raises(pingpong.ConfigError, match="already running on another thread"):
+            next(it)
+        source.gate.set()
+        waiting.join(10.0)
+        assert len(got) == 1
+        seqs.append(expect_batch(got[0], triples, features, labels))
+        seqs += [expect_batch(batch, triples, features, labels) for batch in it]
+        assert seqs == list(range(BATCHES))
+        ends = [entry for entry in device.log if entry[0] == "record"]
+        assert len(ends) == BATCHES  # each delivered batch's slot handed back once
+        assert len(list(loader)) == BATCHES  # and every slot is back for the next epoch
