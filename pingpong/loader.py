@@ -413,11 +413,14 @@ class PingPongLoader(Iterable[Any]):
         if the source has no length."""
         try:
             return len(self._source)  # type: ignore[arg-type]
-        except TypeError:
+        except TypeError as exc:
+            # A source without __len__, or one whose __len__ says it has none (a
+            # DataLoader over an IterableDataset) -- or a bug inside __len__: its
+            # words are kept, and it is the cause.
             raise ConfigError(
                 f"the source ({type(self._source).__name__}) has no len(), so neither "
-                "has the loader"
-            ) from None
+                f"has the loader (len(source) raised TypeError: {exc})"
+            ) from exc
 
     # -- lifecycle -----------------------------------------------------------
     def close(self) -> None:

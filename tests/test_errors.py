@@ -355,6 +355,25 @@ def test_len_of_a_loader_whose_source_has_none_is_a_pingpong_error():
         assert len(list(loader)) == 2  # list() asks for a length hint and goes on
 
 
+def test_a_type_error_inside_the_sources_len_is_named_not_hidden():
+    """From a lifecycle probe: a bug inside the source's ``__len__`` that raised
+    ``TypeError`` became "has no len()" with the cause suppressed."""
+    class BuggyLength:
+        def __iter__(self) -> Iterator[Any]:
+            return iter(make_triples(N, 2))
+
+        def __len__(self) -> int:
+            return len(None)  # type: ignore[arg-type]  # the user's bug
+
+    with PingPongLoader(BuggyLength(), torch.randn(N, 2)) as loader:
+        with pytest.raises(pingpong.ConfigError,
+                           match=r"has no len\(\), so neither has the loader \(len\(source\) "
+                                 r"raised TypeError: object of type 'NoneType' has no len\(\)\)"
+                           ) as info:
+            len(loader)
+        assert isinstance(info.value.__cause__, TypeError)
+
+
 def test_ids_on_the_meta_device_are_an_id_type_error():
     features = torch.randn(N, 2)
     items: list[Any] = [(torch.arange(5, device="meta"), torch.arange(2), [])]
