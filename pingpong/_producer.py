@@ -437,9 +437,10 @@ def _fetched_counts(fetched: Fetched) -> dict[str, int]:
 
 
 def _gather_all(
-    buffers: dict[TableKey, Buffer], ids: TableIds, fetched: Fetched, device: Device
+    buffers: dict[TableKey, Buffer], tables: dict[TableKey, Table], ids: TableIds,
+    fetched: Fetched, device: Device,
 ) -> dict[TableKey, Any]:
-    """Queue the gather of every buffer's table at ``ids[key]`` into the buffer
+    """Queue the gather of every buffer's table (``tables[key]``) at ``ids[key]`` into the buffer
     (for a row source: the copy of its fetched rows); a buffer whose key has no
     ids (labels of a batch whose form gave none) is left alone.
 
@@ -452,7 +453,7 @@ def _gather_all(
         n = len(ids[key])
         buffer.reserve(n, device.allocate)
         out[key] = buffer.rows(n)
-        table = buffer.table
+        table = tables[key]
         if isinstance(table, RemoteTable):
             _place_fetched(table, fetched[id(table)], out[key], device)
         else:
@@ -489,8 +490,8 @@ def _fill(
     for event in slot.release_events:
         device.wait_event(event)
     slot.generation += 1
-    xs = _gather_all(slot.x, x_ids, fetched, device)
-    ys = _gather_all(slot.y, y_ids, fetched, device)
+    xs = _gather_all(slot.x, store.tables, x_ids, fetched, device)
+    ys = _gather_all(slot.y, store.label_tables, y_ids, fetched, device)
     moved = device.move_graphs(graphs)
     ready_event = device.record()
     x = xs if store.is_dict else xs[None]

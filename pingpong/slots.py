@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -44,11 +44,22 @@ def grown_capacity(needed: int) -> int:
 
 @dataclass
 class Buffer:
-    """A growable device buffer for rows of one table."""
+    """A growable device buffer for rows of one table.
 
-    table: Table
+    It keeps the table's row shape and dtype, not the table: a slot outlives
+    what the loader's finaliser may hold (an epoch's free slots), and a row
+    source is the user's object, which may refer back to the loader.
+    """
+
+    table: InitVar[Table]
     storage: torch.Tensor | None = None
     grow_count: int = 0
+    row_shape: tuple[int, ...] = field(init=False)
+    dtype: torch.dtype = field(init=False)
+
+    def __post_init__(self, table: Table) -> None:
+        self.row_shape = tuple(table.row_shape)
+        self.dtype = table.dtype
 
     @property
     def capacity(self) -> int:
@@ -62,7 +73,7 @@ class Buffer:
         """Make room for ``rows`` rows; return True if it had to reallocate."""
         if self.storage is not None and rows <= self.capacity:
             return False
-        self.storage = allocate((grown_capacity(rows), *self.table.row_shape), self.table.dtype)
+        self.storage = allocate((grown_capacity(rows), *self.row_shape), self.dtype)
         self.grow_count += 1
         return True
 

@@ -820,11 +820,13 @@ def test_the_state_machine_reads_what_the_batch_held():
 
 class Trainer:
     """A user's trainer that keeps its loader and hands it one of its own: a bound
-    method as ``health_check`` or ``form=``, or a source that refers back to it."""
+    method as ``health_check`` or ``form=``, or a source or a row source that
+    refers back to it."""
 
     def __init__(self, link: str, device: Any) -> None:
-        triples, features, labels = triples_and_tables()
+        triples, table, labels = triples_and_tables()
         self.checks = 0
+        features: Any = table
         items: Any = triples
         kwargs: dict[str, Any] = {}
         if link == "health_check":
@@ -832,6 +834,8 @@ class Trainer:
         elif link == "form":
             items = [{"nodes": i, "seeds": o} for i, o, _b in triples]
             kwargs["form"] = self.read
+        elif link == "row source":
+            features = TrainerRows(self, table)
         else:  # "source"
             items = TrainerSource(self, triples)
         self.loader = PingPongLoader(items, features, labels, device=device, **kwargs)
@@ -841,6 +845,17 @@ class Trainer:
 
     def read(self, item: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         return item["nodes"], item["seeds"]
+
+
+class TrainerRows:
+    """A row source of the trainer's (shape, dtype, [ids]) that refers back to it."""
+
+    def __init__(self, trainer: Trainer, table: torch.Tensor) -> None:
+        self.trainer, self.table = trainer, table
+        self.shape, self.dtype = tuple(table.shape), table.dtype
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table[ids]
 
 
 class TrainerSource:
@@ -855,7 +870,7 @@ class TrainerSource:
 
 
 @pytest.mark.parametrize("end", ["epoch", "break", "close"])
-@pytest.mark.parametrize("link", ["health_check", "form", "source"])
+@pytest.mark.parametrize("link", ["health_check", "form", "source", "row source"])
 def test_a_loader_reached_from_what_it_was_given_is_freed_with_its_owner(link, end):
     """From a lifecycle probe: the loader's finaliser held the callables that start
     an epoch (the source, the form, the health check), and a finaliser's arguments
