@@ -37,6 +37,16 @@ from typing import Any
 # --------------------------------------------------------------------------- machine
 
 
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1 (a count of rows, batches, rounds)."""
+    import argparse
+
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields from /proc/cpuinfo (empty off Linux)."""
     fields: dict[str, str] = {}

@@ -46,8 +46,21 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",")]
+def _fractions(text: str) -> list[float]:
+    """``--fractions``: comma-separated shares of the rows to cache, each in (0, 1]."""
+    values = [float(x) for x in text.split(",")]
+    if not all(0.0 < v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"each fraction must be in (0, 1], got {text}")
+    return values
+
+
+def _graph_kinds(text: str) -> list[str]:
+    kinds = text.split(",")
+    unknown = [k for k in kinds if k not in GRAPH_KINDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown graph kind(s) {unknown}; choose from {list(GRAPH_KINDS)}")
+    return kinds
 
 
 def count_epoch(loader: BuiltinLoader, num_rows: int) -> tuple[RowCounter, float, int]:
@@ -175,9 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-frac", type=float, default=0.08,
                    help="share of the nodes that are seeds (ogbn-products: 8%%)")
     p.add_argument("--fanouts", type=_ints, default=[15, 10, 5])
-    p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--fractions", type=_floats, default=[0.01, 0.05, 0.10, 0.25])
-    p.add_argument("--graph-kinds", type=lambda s: s.split(","), default=list(GRAPH_KINDS))
+    p.add_argument("--batch-size", type=_common.positive_int, default=1024)
+    p.add_argument("--fractions", type=_fractions, default=[0.01, 0.05, 0.10, 0.25])
+    p.add_argument("--graph-kinds", type=_graph_kinds, default=list(GRAPH_KINDS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--name", default="cache-hit-rate")

@@ -71,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.num_nodes, args.feat_dims, args.epochs, args.rounds = 20_000, [128], 2, 1
         args.contenders = args.contenders or ["sync", "pp b2 g2"]
+    if args.epochs < 2:  # the first is a warm-up: no epoch would be left to time
+        p.error(f"--epochs must be at least 2 (the first is a warm-up), got {args.epochs}")
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     return args
 
 

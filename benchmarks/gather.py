@@ -236,9 +236,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--table-gib must be positive")
     if any(n < 1 for n in args.batch_ids):
         p.error("--batch-ids must be positive")
+    # Every contender gets n threads; Numba's pool has at most NUMBA_NUM_THREADS
+    # (the cores, by default): more would compare fewer threads with more.
+    numba_max = _numba_max_threads()
+    if any(not 1 <= n <= numba_max for n in args.threads):
+        p.error(f"--threads must be between 1 and {numba_max} (Numba's pool here, "
+                f"NUMBA_NUM_THREADS), got {args.threads}")
     if args.sweep_row_bytes < 0 or args.sweep_row_bytes % 2:
         p.error("--sweep-row-bytes must be even and >= 0")
     return args
+
+
+def _numba_max_threads() -> int:
+    import numba
+
+    return int(numba.config.NUMBA_NUM_THREADS)
 
 
 def _cores() -> int:
@@ -319,7 +331,7 @@ def set_threads(n: int) -> None:
     """
     import numba
 
-    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)  # parse_args kept n within Numba's pool
     torch.set_num_threads(n)
     if torch.get_num_threads() != n:
         raise SystemExit(f"torch kept {torch.get_num_threads()} threads, asked for {n}")
@@ -794,7 +806,12 @@ def write_outputs(report: dict[str, Any], args: argparse.Namespace) -> int:
         png = render_plot(report, args.out / f"{args.name}.png") if "png" in formats else None
         if png is not None:
             written.append(png)
-        print("# wrote " + ", ".join(str(p) for p in written))
+        elif "png" in formats:
+            print("# no PNG: matplotlib is not installed (pip install matplotlib)",
+                  file=sys.stderr)
+        print("# wrote " + (", ".join(str(p) for p in written) or "nothing"))
+        if not written:
+            return 1  # every format asked for was left out
     else:
         print(markdown)
     print(f"# {report['elapsed_s']:.0f} s")

@@ -627,16 +627,27 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=int, default=100_000, help="batches to check (min)")
-    parser.add_argument("--epochs", type=int, default=300, help="epochs (min)")
+    parser.add_argument("--batches", type=_at_least_one, default=100_000,
+                        help="batches to check (min)")
+    parser.add_argument("--epochs", type=_at_least_one, default=300, help="epochs (min)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a short run for CI (< 60 s)")
-    parser.add_argument("--cycles", type=int, default=100, help="lifecycles per device")
+    parser.add_argument("--cycles", type=_at_least_one, default=100,
+                        help="lifecycles per device")
     parser.add_argument("--json", type=Path, default=Path("results/soak.json"))
     parser.add_argument("--progress", action="store_true")
     args = parser.parse_args(argv)
+    if args.json.is_dir():  # refused now, not after the soak
+        parser.error(f"--json {args.json}: is a folder; give a file name")
     if args.quick:
         args.batches = min(args.batches, 4_000)
         args.epochs = min(args.epochs, 50)
@@ -668,10 +679,12 @@ def main(argv: list[str] | None = None) -> int:
         "corrupted": tally.corrupted,
         "overwrite_detections": tally.overwrite_detections,
         "faults_injected": tally.faults_injected,
+        # None: no fault was injected (a short run with an unlucky seed), so
+        # nothing to judge -- not a failure
         "faults_surfaced_ok_pct": (
             100.0 * tally.faults_surfaced_ok / tally.faults_injected
             if tally.faults_injected
-            else float("nan")
+            else None
         ),
         "fault_latency_p50_s": percentile(tally.fault_latency_s, 50),
         "fault_latency_max_s": max(tally.fault_latency_s, default=float("nan")),
@@ -703,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = (
         res["lost"] == res["duplicated"] == res["reordered"] == res["corrupted"] == 0
         and res["overwrite_detections"] == 0
-        and res["faults_surfaced_ok_pct"] == 100.0
+        and res["faults_surfaced_ok_pct"] in (None, 100.0)
         and not res["unexpected_errors"]
         and res["shutdown_max_s"] < 2.0
         and all(v < 5.0 for v in res["rss_growth_mb_100_lifecycles"].values())
@@ -717,6 +730,9 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2, default=str))
     print(json.dumps(res, indent=2, default=str))
+    if res["faults_surfaced_ok_pct"] is None:
+        print("no fault was injected in this run: fault surfacing not tested "
+              "(more batches or another --seed)")
     print(
         f"total {report['total_wall_s']:.1f} s; {'PASSED' if passed else 'FAILED'}; "
         f"JSON: {args.json}"

@@ -51,6 +51,7 @@ from _common import (
     machine_info,
     markdown_table,
     plot_lines,
+    positive_int,
     write_results,
 )
 
@@ -167,12 +168,14 @@ def render_plot(report: dict[str, Any], path: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=500_000, help="table rows (default 500k)")
-    parser.add_argument("--width", type=int, default=128, help="float32 columns (default 128)")
+    parser.add_argument("--rows", type=positive_int, default=500_000,
+                        help="table rows (default 500k)")
+    parser.add_argument("--width", type=positive_int, default=128,
+                        help="float32 columns (default 128)")
     parser.add_argument(
-        "--batches", type=int, nargs="+", default=[256, 1_000, 4_000, 20_000, 100_000]
+        "--batches", type=positive_int, nargs="+", default=[256, 1_000, 4_000, 20_000, 100_000]
     )
-    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--rounds", type=positive_int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 200k rows, 2 batch sizes, 20 rounds"

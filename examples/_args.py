@@ -121,10 +121,24 @@ def check_device_flags(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 
 def check_json_target(parser: argparse.ArgumentParser, path: Path | None) -> None:
-    """Refuse a ``--json`` file whose folder does not exist -- before any training,
-    not after it (a parser error, exit status 2)."""
-    if path is not None and not path.parent.is_dir():
+    """Refuse a ``--json`` file that cannot be written -- its folder missing, a
+    folder itself, no write permission -- before any training, not after it (a
+    parser error, exit status 2).  Writability is tried by opening the file
+    for appending (a file that did not exist is removed again)."""
+    if path is None:
+        return
+    if not path.parent.is_dir():
         parser.error(f"--json {path}: no such folder {str(path.parent)!r}")
+    if path.is_dir():
+        parser.error(f"--json {path}: is a folder; give a file name (say {path / 'run.json'})")
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as exc:
+        parser.error(f"--json {path}: cannot write it ({exc.strerror or exc})")
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def add_minibatch_training_flags(p: argparse.ArgumentParser) -> None:

@@ -231,6 +231,8 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Any:
     # (refused before training, not after it)
     ["--gather", "zerocopy"], ["--gather", "staged"], ["--gather", "device"],
     ["--json", "/no/such/folder/run.json"],
+    # a folder, and a file nobody can create: the run finished, then crashed writing it
+    ["--json", "/"], ["--json", "/proc/no-such-run.json"],
     # past DGL's C int: dgl.seed raised from deep inside training (an examples review)
     ["--seed", "2147483648"], ["--seed", "-1"],
 ])

@@ -127,6 +127,8 @@ def test_link_without_dgl_is_a_clear_error(link: Any, monkeypatch: pytest.Monkey
 @pytest.mark.parametrize("argv", [
     ["--num-buffers", "1"], ["--gather", "zerocopy"], ["--gather", "device"],
     ["--json", "/no/such/folder/run.json"], ["--fanouts", "10,0"],
+    # a folder, and a file nobody can create: the run finished, then crashed writing it
+    ["--json", "/"], ["--json", "/proc/no-such-run.json"],
 ])
 def test_link_bad_flags_are_argparse_errors(argv: list[str], link: Any,
                                             capsys: pytest.CaptureFixture[str]) -> None:

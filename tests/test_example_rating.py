@@ -54,6 +54,8 @@ def test_rating_without_dgl_is_a_clear_error(rating: Any) -> None:
 @pytest.mark.parametrize("argv", [
     ["--num-buffers", "1"], ["--fanouts", "10,0"], ["--lr", "0"], ["--epochs", "0"],
     ["--ratings-per-user", "0"], ["--json", "/no/such/folder/run.json"],
+    # a folder, and a file nobody can create: the run finished, then crashed writing it
+    ["--json", "/"], ["--json", "/proc/no-such-run.json"],
     ["--seed", "2147483648"],
     # no validation ratings: "Val RMSE 0.0000" read as perfect (an examples review)
     ["--num-users", "2", "--num-items", "1", "--ratings-per-user", "1"],

@@ -62,6 +62,8 @@ def test_rgcn_without_dgl_is_a_clear_error(tmp_path: Path,
 @pytest.mark.parametrize("argv", [
     ["--num-buffers", "1"], ["--fanouts", "10,0"], ["--dropout", "1.5"], ["--lr", "0"],
     ["--epochs", "0"], ["--json", "/no/such/folder/run.json"], ["--gather", "zerocopy"],
+    # a folder, and a file nobody can create: the run finished, then crashed writing it
+    ["--json", "/"], ["--json", "/proc/no-such-run.json"],
     ["--producer-nice", "20"], ["--producer-nice", "-1"], ["--sampler-threads", "0"],
     ["--seed", "2147483648"], ["--num-papers", "3"],  # no validation papers: Acc 0.0000
     pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
