@@ -47,6 +47,18 @@ def positive_int(text: str) -> int:
     return value
 
 
+def refuse_sizes_with_quick(parser: Any, args: Any, sizes: Sequence[str]) -> None:
+    """``--quick`` sets ``sizes`` (argparse destinations) itself: a parser error if
+    any of them was given a value other than its default, which ``--quick``
+    would silently replace."""
+    if not getattr(args, "quick", False):
+        return
+    given = [name for name in sizes if getattr(args, name) != parser.get_default(name)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        parser.error(f"--quick sets {flags} itself; drop {flags} or drop --quick")
+
+
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields from /proc/cpuinfo (empty off Linux)."""
     fields: dict[str, str] = {}

@@ -89,6 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    _common.refuse_sizes_with_quick(p, args, ("num_nodes", "rounds", "epochs"))
     if args.quick:
         args.num_nodes, args.rounds, args.epochs = 20_000, 1, 1
     if args.epochs < 1 or args.rounds < 1:

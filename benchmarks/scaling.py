@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.epochs < 2:
         p.error("--epochs must be >= 2: the first is a warm-up, and the slot check "
                 "compares later epochs with it")
+    _common.refuse_sizes_with_quick(
+        p, args, ("nodes", "feat_dims", "batch_sizes", "seeds", "epochs"))
     if args.quick:
         args.nodes, args.feat_dims, args.batch_sizes = [20_000, 50_000], [64, 256], [512, 2048]
         args.seeds, args.epochs = 2048, 2

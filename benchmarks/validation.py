@@ -27,7 +27,7 @@ overhead <= 3% of gather time") is that cost over ``median(gather)``.  The
 difference ``validate+gather - gather`` is printed too; it is the difference
 of two much larger, noisier medians.
 
-    python benchmarks/validation.py [--rounds 200] [--quick] [--out DIR]
+    python benchmarks/validation.py [--rounds 200 | --quick] [--out DIR]
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from _common import (
     markdown_table,
     plot_lines,
     positive_int,
+    refuse_sizes_with_quick,
     write_results,
 )
 
@@ -182,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="write JSON/Markdown/PNG here")
     args = parser.parse_args(argv)
+    refuse_sizes_with_quick(parser, args, ("rows", "batches", "rounds"))
     if args.quick:
         args.rows, args.batches, args.rounds = 200_000, [1_000, 20_000], 20
     device = CPUDevice()  # sets the producer's Numba thread count the way the loader does

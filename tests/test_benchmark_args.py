@@ -50,6 +50,10 @@ def run(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedPr
                  marks=needs_dgl),
     pytest.param("epoch.py", ["--rounds", "0"], "--rounds must be at least 1",
                  marks=needs_dgl),
+    # --quick sets the sizes itself: a size given with it was silently replaced
+    ("validation.py", ["--quick", "--rounds", "5"], "--quick sets --rounds itself"),
+    pytest.param("epoch.py", ["--quick", "--num-nodes", "5000"],
+                 "--quick sets --num-nodes itself", marks=needs_dgl),
 ], ids=lambda v: v if isinstance(v, str) and v.endswith(".py") else None)
 def test_a_bad_argument_is_an_argparse_error_before_the_run(script, args, needle):
     done = run(script, *args)
