@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .errors import IdShapeError, IdTypeError
-from .kernels._checks import ID_DTYPES, check_id_array, check_id_range
+from .kernels._checks import check_id_array, check_id_range, swapped_id_dtype
 from .store import FeatureStore, Table, TableKey
 
 _TORCH_ID_DTYPES = (torch.int32, torch.int64)
@@ -59,11 +59,12 @@ def host_ids(ids: Any, num_rows: int, name: str) -> np.ndarray:
         if isinstance(ids, np.ma.MaskedArray):
             raise IdTypeError(f"{name} is a NumPy masked array, whose masked entries are "
                               f"no ids; pass {name}.compressed() (the unmasked ids)")
-        if not ids.dtype.isnative and ids.dtype.newbyteorder("=") in ID_DTYPES:
+        native = swapped_id_dtype(ids.dtype)
+        if native is not None:
             # int32/int64 in the other byte order (read from a file written on a
             # big-endian machine, or as ">i8"): the same values, taken in this
             # machine's order -- the ids are copied anyway
-            ids = ids.astype(ids.dtype.newbyteorder("="))
+            ids = ids.astype(native)
         check_id_array(ids, name)
         array = ids
     elif isinstance(ids, Mapping):

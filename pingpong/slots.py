@@ -145,11 +145,6 @@ class Lease:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _ended: bool = False
 
-    @property
-    def ended(self) -> bool:
-        """Whether the slot was handed back (:meth:`end`)."""
-        return self._ended
-
     def check_not_ended(self, doing: str) -> None:
         """:class:`~pingpong.errors.BatchExpiredError` naming ``doing`` once the
         slot was handed back: its rows may be another batch's by now."""

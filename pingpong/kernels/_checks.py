@@ -19,15 +19,21 @@ ID_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 _bounds_ready: set[np.dtype] = set()
 
 
+def swapped_id_dtype(dtype: np.dtype) -> np.dtype | None:
+    """int32/int64 in this machine's byte order, for ``dtype`` that is one of them in
+    the other order (``>i8`` on a little-endian machine); otherwise None."""
+    native = dtype.newbyteorder("=")
+    return native if not dtype.isnative and native in ID_DTYPES else None
+
+
 def check_id_array(ids: np.ndarray, name: str = "ids") -> None:
     """Raise unless ``ids`` is a 1-D int32/int64 array (values not checked)."""
     if ids.ndim != 1:
         raise IdShapeError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
     if ids.dtype not in ID_DTYPES:
-        hint = ""
-        if not ids.dtype.isnative and ids.dtype.newbyteorder("=") in ID_DTYPES:
-            hint = (f" in this machine's byte order (it is {ids.dtype.str}: pass "
-                    f"{name}.astype({ids.dtype.newbyteorder('=').name!r}))")
+        native = swapped_id_dtype(ids.dtype)
+        hint = ("" if native is None else f" in this machine's byte order (it is "
+                f"{ids.dtype.str}: pass {name}.astype({native.name!r}))")
         raise IdTypeError(f"{name} must have dtype int32 or int64{hint}, got {ids.dtype}")
 
 
