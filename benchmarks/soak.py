@@ -51,6 +51,7 @@ from typing import Any, cast
 import numpy as np
 import psutil
 import torch
+from _common import positive_int
 
 import pingpong
 from pingpong import Batch, PingPongLoader
@@ -627,21 +628,14 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batches", type=_at_least_one, default=100_000,
+    parser.add_argument("--batches", type=positive_int, default=100_000,
                         help="batches to check (min)")
-    parser.add_argument("--epochs", type=_at_least_one, default=300, help="epochs (min)")
+    parser.add_argument("--epochs", type=positive_int, default=300, help="epochs (min)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a short run for CI (< 60 s)")
-    parser.add_argument("--cycles", type=_at_least_one, default=100,
+    parser.add_argument("--cycles", type=positive_int, default=100,
                         help="lifecycles per device")
     parser.add_argument("--json", type=Path, default=Path("results/soak.json"))
     parser.add_argument("--progress", action="store_true")
