@@ -1129,6 +1129,24 @@ def launcher_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return status
 
 
+def refuse_splits_smaller_than_trainers(parser: argparse.ArgumentParser, spec: GraphSpec,
+                                        trainers: int) -> None:
+    """Exit (status 2) before partitioning when a split of the synthetic graph has
+    fewer nodes than there are trainers: each trainer needs a node of every split
+    (METIS itself fails with a backtrace below one node per partition). The
+    split sizes are ``floor(fraction * num_nodes)``, with the fractions
+    :func:`make_synthetic_graph` uses by default."""
+    defaults = inspect.signature(make_synthetic_graph).parameters
+    sizes = {name: int(defaults[f"{name}_frac"].default * spec.num_nodes)
+             for name in ("train", "val", "test")}
+    for name, size in sizes.items():
+        if size < trainers:
+            parser.error(f"the {name} split of {spec.num_nodes} nodes has {size} "
+                         f"(train/val/test {'/'.join(map(str, sizes.values()))}), fewer "
+                         f"than the {trainers} trainers of --num-parts {trainers}; raise "
+                         "--num-nodes or lower --num-parts")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -1137,6 +1155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     check_json_target(parser, args.json)
     check_device_flags(parser, args)
+    refuse_splits_smaller_than_trainers(parser, GraphSpec.from_args(args), args.num_parts)
     if args.log_dir is not None:  # like --part-dir: made if missing, before partitioning
         try:
             args.log_dir.mkdir(parents=True, exist_ok=True)
