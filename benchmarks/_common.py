@@ -47,6 +47,41 @@ def positive_int(text: str) -> int:
     return value
 
 
+def out_dir(text: str) -> Path:
+    """An ``argparse`` type for ``--out``: a folder to write into, made if missing;
+    refused if it names something that is not a folder (a file), which would
+    otherwise fail only when the results are written, after the run."""
+    import argparse
+
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: exists and is not a folder")
+    return path
+
+
+def json_file(text: str) -> Path:
+    """An ``argparse`` type for ``--from-json``: a readable file holding JSON."""
+    import argparse
+
+    path = Path(text)
+    try:
+        json.loads(path.read_text())
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: not JSON ({exc})") from None
+    return path
+
+
+def rerender_target(parser: Any, args: Any) -> None:
+    """For ``--from-json``: write next to the input (``--out`` wins) under the
+    input's name, unless ``--name`` was given a value other than its default."""
+    if args.out is None:
+        args.out = args.from_json.parent
+    if args.name == parser.get_default("name"):
+        args.name = args.from_json.stem
+
+
 def refuse_sizes_with_quick(parser: Any, args: Any, sizes: Sequence[str]) -> None:
     """``--quick`` sets ``sizes`` (argparse destinations) itself: a parser error if
     any of them was given a value other than its default, which ``--quick``

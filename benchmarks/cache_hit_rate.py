@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fractions", type=_fractions, default=[0.01, 0.05, 0.10, 0.25])
     p.add_argument("--graph-kinds", type=_graph_kinds, default=list(GRAPH_KINDS))
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=_common.out_dir, default=None)
     p.add_argument("--name", default="cache-hit-rate")
     args = p.parse_args(argv)
     report = {

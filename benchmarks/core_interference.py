@@ -55,19 +55,40 @@ HERE = Path(__file__).resolve().parent
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="a short smoke run")
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--cores", default="0,1", help="core A,core B")
+    p.add_argument("--rounds", type=_common.positive_int, default=7)
+    p.add_argument("--hidden", type=_common.positive_int, default=256)
+    p.add_argument("--cores", type=core_pair, default=(0, 1), metavar="A,B",
+                   help="core A,core B: two different cores this process may run on "
+                        "(default 0,1)")
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="first wait up to this many seconds for other processes to go quiet")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=_common.out_dir, default=None)
     p.add_argument("--name", default="core-interference")
     p.add_argument("--neighbour", choices=NEIGHBOURS[1:], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.quick:
         args.rounds = 2
-    args.core_a, args.core_b = (int(c) for c in args.cores.split(","))
+    args.core_a, args.core_b = args.cores
     return args
+
+
+def core_pair(text: str) -> tuple[int, int]:
+    """An ``argparse`` type: ``A,B``, two different cores in this process's affinity
+    mask (where the platform has one)."""
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected two core numbers as A,B, got {text!r}")
+    a, b = (int(p) for p in parts)
+    if a == b:
+        raise argparse.ArgumentTypeError(f"cores A and B must differ, got {text!r}")
+    if hasattr(os, "sched_getaffinity"):
+        allowed = os.sched_getaffinity(0)
+        missing = [c for c in (a, b) if c not in allowed]
+        if missing:
+            raise argparse.ArgumentTypeError(
+                f"core {missing[0]} is not one this process may run on "
+                f"(allowed: {','.join(map(str, sorted(allowed)))})")
+    return a, b
 
 
 # --------------------------------------------------------------------------- workloads

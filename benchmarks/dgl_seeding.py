@@ -14,6 +14,7 @@ and prints whether the draws agree.  Run it with ``OMP_NUM_THREADS=1`` and
 
 from __future__ import annotations
 
+import argparse
 import os
 import threading
 import warnings
@@ -54,4 +55,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split())).parse_args()
     main()

@@ -165,10 +165,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--part-dir", type=Path, default=None)
     p.add_argument("--wait-quiet", type=float, default=0.0,
                    help="first wait up to this many seconds for other processes to go quiet")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=_common.out_dir, default=None)
     p.add_argument("--name", default="dist-epoch-cpu")
-    p.add_argument("--from-json", type=Path, default=None, help="re-render the Markdown only")
+    p.add_argument("--from-json", type=_common.json_file, default=None,
+                   help="measure nothing: re-render NAME.json and NAME.md of an earlier run")
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        _common.rerender_target(p, args)
     if args.pin_training_core is not None and args.trainers != 1:
         p.error("--pin-training-core needs --trainers 1")
     if args.by_value and not args.samplers:

@@ -64,10 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--contenders", nargs="+", default=None, help="subset of contender names")
     p.add_argument("--wait-quiet", type=float, default=0.0)
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=_common.out_dir, default=None)
     p.add_argument("--name", default="epoch-cpu")
-    p.add_argument("--from-json", type=Path, default=None, help="re-render only")
+    p.add_argument("--from-json", type=_common.json_file, default=None, help="re-render only")
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        _common.rerender_target(p, args)
     _common.refuse_sizes_with_quick(p, args, ("num_nodes", "feat_dims", "epochs", "rounds"))
     if args.quick:
         args.num_nodes, args.feat_dims, args.epochs, args.rounds = 20_000, [128], 2, 1
@@ -412,7 +414,6 @@ def main(argv: list[str] | None = None) -> int:
     bench = parse_args(argv)
     if bench.from_json is not None:
         report = json.loads(bench.from_json.read_text())
-        bench.out, bench.name = bench.out or bench.from_json.parent, bench.from_json.stem
     else:
         names = bench.contenders or list(CONTENDERS)
         unknown = [n for n in names if n not in CONTENDERS]

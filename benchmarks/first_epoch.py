@@ -83,12 +83,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "1 makes the runs far less sensitive to other load on a shared machine")
     p.add_argument("--timeout", type=float, default=600.0, help="per run, seconds")
     p.add_argument("--seed", type=int, default=0, help="shuffles the run order")
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=_common.out_dir, default=None)
     p.add_argument("--name", default="first-epoch-cpu")
-    p.add_argument("--from-json", type=Path, default=None, help="re-render only")
+    p.add_argument("--from-json", type=_common.json_file, default=None, help="re-render only")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        _common.rerender_target(p, args)
     _common.refuse_sizes_with_quick(p, args, ("num_nodes", "rounds", "epochs"))
     if args.quick:
         args.num_nodes, args.rounds, args.epochs = 20_000, 1, 1
@@ -359,7 +361,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json is not None:
         report = json.loads(args.from_json.read_text())
         report["summary"] = summarize(report)
-        args.out, args.name = args.out or args.from_json.parent, args.from_json.stem
     else:
         report = measure(args)
         report["summary"] = summarize(report)

@@ -108,7 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--out",
-        type=Path,
+        type=_common.out_dir,
         default=None,
         help="write gather.json, gather.md (and gather.png) into this folder",
     )
@@ -193,11 +193,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--from-json",
-        type=Path,
+        type=_common.json_file,
         default=None,
         help="measure nothing: re-render the Markdown and PNG of an earlier gather.json",
     )
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        _common.rerender_target(p, args)
     quick = args.quick
     cuda = args.device == "cuda"
     if args.table_gib is None:
@@ -781,9 +783,6 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if args.from_json is not None:
         report = json.loads(args.from_json.read_text())
-        if args.out is None:
-            args.out = args.from_json.parent
-        args.name = args.from_json.stem
         return write_outputs(report, args)
     t0 = time.perf_counter()
     report = run_cpu(args) if args.device == "cpu" else run_cuda(args)

@@ -7,6 +7,7 @@ Exit status 0 and "sanitize workload ok" mean every batch matched the host.
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 import torch
@@ -40,4 +41,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split())).parse_args()
     main()

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-nodes", type=_common.positive_int, default=100_000)
     p.add_argument("--batch-size", type=_common.positive_int, default=1024)
     p.add_argument("--rounds", type=_common.positive_int, default=5)
-    p.add_argument("--out", type=Path, default=Path("results"))
+    p.add_argument("--out", type=_common.out_dir, default=Path("results"))
     p.add_argument("--name", default="sampler")
     args = p.parse_args(argv)
     try:

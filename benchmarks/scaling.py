@@ -59,11 +59,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--seeds", type=int, default=16_384, help="seed nodes per epoch")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--out", type=_common.out_dir, default=None)
     p.add_argument("--name", default="scaling-cpu")
-    p.add_argument("--from-json", type=Path, default=None, help="re-render only")
+    p.add_argument("--from-json", type=_common.json_file, default=None, help="re-render only")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child: one config
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        _common.rerender_target(p, args)
     if args.epochs < 2:
         p.error("--epochs must be >= 2: the first is a warm-up, and the slot check "
                 "compares later epochs with it")
@@ -257,11 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         print(json.dumps(run_one(json.loads(args.one))))
         return 0
-    if args.from_json is not None:
-        report = json.loads(args.from_json.read_text())
-        args.out, args.name = args.out or args.from_json.parent, args.from_json.stem
-    else:
-        report = run_all(args)
+    report = run_all(args) if args.from_json is None else json.loads(args.from_json.read_text())
     markdown = render_markdown(report)
     _common.write_results(args.out, args.name, report, markdown, render_plot)
     return 0

@@ -83,12 +83,12 @@ def run_once(step_s: float, watch: bool, part_dir: Path) -> list[dict[str, Any]]
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--runs", type=int, default=15, help="jobs per step time, with the watch")
     parser.add_argument("--baseline-runs", type=int, default=3,
                         help="jobs per step time without the watch")
     parser.add_argument("--step-s", type=float, nargs="+", default=[0.0, 0.2])
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=_common.out_dir, default=None)
     parser.add_argument("--name", default="server-loss-cpu")
     parser.add_argument("--render", type=Path, default=None,
                         help="only rewrite NAME.md from this JSON of an earlier run")

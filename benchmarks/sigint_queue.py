@@ -13,6 +13,7 @@ hung.  (Result in pingpong/_epoch.py, where the choice is made.)
 
 from __future__ import annotations
 
+import argparse
 import queue
 import signal
 import subprocess
@@ -69,7 +70,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        child(sys.argv[1])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("child", nargs="?", choices=["Queue", "SimpleQueue"],
+                        help=argparse.SUPPRESS)  # the child process's role
+    args = parser.parse_args()
+    if args.child is not None:
+        child(args.child)
     else:
         main()

@@ -50,6 +50,7 @@ from _common import (
     describe_machine,
     machine_info,
     markdown_table,
+    out_dir,
     plot_lines,
     positive_int,
     refuse_sizes_with_quick,
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a smoke run: 200k rows, 2 batch sizes, 20 rounds"
     )
-    parser.add_argument("--out", type=Path, default=None, help="write JSON/Markdown/PNG here")
+    parser.add_argument("--out", type=out_dir, default=None, help="write JSON/Markdown/PNG here")
     args = parser.parse_args(argv)
     refuse_sizes_with_quick(parser, args, ("rows", "batches", "rounds"))
     if args.quick:

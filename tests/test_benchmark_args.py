@@ -50,6 +50,15 @@ def run(script: str, *args: str, timeout: float = 240) -> subprocess.CompletedPr
                  marks=needs_dgl),
     pytest.param("epoch.py", ["--rounds", "0"], "--rounds must be at least 1",
                  marks=needs_dgl),
+    ("core_interference.py", ["--cores", "abc"], "expected two core numbers as A,B"),
+    ("core_interference.py", ["--cores", f"0,{max(os.sched_getaffinity(0)) + 1}"],
+     "is not one this process may run on"),
+    # a file where a folder or a JSON file belongs: a traceback when it was used
+    ("gather.py", ["--quick", "--out", str(REPO / "README.md")], "exists and is not a folder"),
+    ("validation.py", ["--quick", "--out", str(REPO / "README.md")],
+     "exists and is not a folder"),
+    ("gather.py", ["--from-json", str(REPO / "no-such.json")], "No such file or directory"),
+    ("gather.py", ["--from-json", str(REPO / "README.md")], "not JSON"),
     # --quick sets the sizes itself: a size given with it was silently replaced
     ("validation.py", ["--quick", "--rounds", "5"], "--quick sets --rounds itself"),
     pytest.param("epoch.py", ["--quick", "--num-nodes", "5000"],
@@ -90,3 +99,20 @@ def test_gather_writes_nothing_it_was_asked_for_is_an_error(tmp_path):
                "--out", str(tmp_path / "out"))
     assert "matplotlib is not installed" in done.stderr
     assert done.returncode == 1, (done.stdout, done.stderr)
+
+
+def test_a_re_render_writes_under_the_name_given(tmp_path):
+    """``--from-json`` with ``--name``: the outputs were named after the input
+    whatever ``--name`` said; without ``--name`` they still are."""
+    made = run("gather.py", "--quick", "--row-bytes", "64", "--dtypes", "float32",
+               "--rounds", "1", "--threads", "1", "--table-gib", "0.01", "--formats", "json",
+               "--out", str(tmp_path))
+    assert made.returncode == 0, made.stderr[-2000:]
+    source = tmp_path / "gather.json"
+    done = run("gather.py", "--from-json", str(source), "--formats", "md", "--name", "again")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "again.md").is_file()
+    assert not (tmp_path / "gather.md").exists()
+    done = run("gather.py", "--from-json", str(source), "--formats", "md")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "gather.md").is_file()
