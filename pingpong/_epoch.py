@@ -20,7 +20,7 @@ from . import _rpc
 from ._epoch_states import EpochState, describe_failure, ended_error
 from ._exit_hook import register_epoch
 from ._lifecycle import JOIN_TIMEOUT_S, POLL_S, SHORT_JOIN_TIMEOUT_S, join_timeout
-from ._producer import Delivery, Failure, Message, produce
+from ._producer import Delivery, Failure, Message, TrackedCheck, produce
 from ._threads import Latch, OpenEndedCalls, ThreadExit, is_current, run_marking_exit
 from .batch import LeasedBatch
 from .cache import FeatureCache
@@ -104,6 +104,8 @@ class Epoch:
         #: (the loader's core holds the last epoch, and must reach nothing of
         #: the user's: see :class:`~pingpong._lifecycle.LoaderCore`)
         self.health = health
+        #: the same check as the producer calls it, released when the epoch ends
+        self._producer_check = None if health is None else TrackedCheck(health)
         self.takes_rpc_turns = rpc_lock is not None
         self.debug = debug
         self.stats = stats
@@ -153,7 +155,7 @@ class Epoch:
                 "stats": stats,
                 "poll_s": POLL_S,
                 "cache": cache,
-                "health": health,
+                "health": self._producer_check,
                 "rpc_lock": rpc_lock,
                 "sample_ahead": sample_ahead,
                 "cpus": producer_cpus,
@@ -497,6 +499,8 @@ class Epoch:
             self.failure = failure
             self.state = state
         self.health = None
+        if self._producer_check is not None:
+            self._producer_check.release()
         self.ready_q.put(_WAKEUP)
         return True
 

@@ -214,7 +214,7 @@ def produce(
     seq = 0
     cpu_mark = time.thread_time()
     open_calls = OpenEndedCalls() if open_calls is None else open_calls
-    check = None if health is None else _TrackedCheck(health)
+    check = health if health is None or isinstance(health, TrackedCheck) else TrackedCheck(health)
     try:
         try:
             try:
@@ -333,21 +333,31 @@ def _run_on(cpus: frozenset[int]) -> None:
         raise
 
 
-class _TrackedCheck:
+class TrackedCheck:
     """The loader's health check on the producer thread; remembers the exception it
     raised, so that a failure that *is* the check's is not diagnosed by it again.
 
     The check should raise a new exception object each time (:meth:`diagnosed` sets
-    the ``__cause__`` of what it raises).
+    the ``__cause__`` of what it raises). :meth:`release` (the epoch's end) drops
+    the check: a producer still inside the source then holds nothing of the
+    user's through it (a bound method of the user's trainer, say), and calls
+    nothing more.
     """
 
     def __init__(self, health: Callable[[], None]) -> None:
-        self._health = health
+        self._health: Callable[[], None] | None = health
         self._raised: BaseException | None = None
 
+    def release(self) -> None:
+        """Drop the check; calls after this do nothing."""
+        self._health = None
+
     def __call__(self) -> None:
+        health = self._health  # release() on another thread may drop it
+        if health is None:
+            return
         try:
-            self._health()
+            health()
         except BaseException as exc:
             self._raised = exc
             raise
@@ -361,10 +371,11 @@ class _TrackedCheck:
         ``exc`` is kept when it came from the check, or says what the check says
         (the server watch also raises from inside DGL's send), or is not an
         ``Exception`` (``KeyboardInterrupt``...), or the check raises no ``Exception``."""
-        if exc is self._raised or not isinstance(exc, Exception):
+        health = self._health
+        if health is None or exc is self._raised or not isinstance(exc, Exception):
             return exc
         try:
-            self._health()
+            health()
         except BaseException as problem:  # noqa: BLE001 - whatever it raises is the diagnosis
             if not isinstance(problem, Exception) or _same(problem, exc):
                 return exc

@@ -823,11 +823,11 @@ class Trainer:
     method as ``health_check`` or ``form=``, or a source or a row source that
     refers back to it."""
 
-    def __init__(self, link: str, device: Any) -> None:
+    def __init__(self, link: str, device: Any, source: Any = None) -> None:
         triples, table, labels = triples_and_tables()
         self.checks = 0
         features: Any = table
-        items: Any = triples
+        items: Any = triples if source is None else source
         kwargs: dict[str, Any] = {}
         if link == "health_check":
             kwargs["health_check"] = self.check
@@ -899,6 +899,31 @@ def test_a_loader_reached_from_what_it_was_given_is_freed_with_its_owner(link, e
         time.sleep(0.02)
     assert loader() is None
     assert device.closed
+    assert wait_for_no_pingpong_threads(5.0) == []
+
+
+def test_a_trainer_is_freed_while_its_producer_is_still_inside_the_source():
+    """From a probe of the GraphBolt path: after a ``break``, a trainer that passed
+    ``health_check=self.check`` stayed alive until the producer left the source (a
+    slow sampling step: 0.3 s there; for ever with a stalled one), because the
+    producer thread held the check for its whole life. The epoch's end releases
+    the check now: the trainer and its loader are freed at once, while the
+    producer still waits inside the source, and it leaves once the source lets it."""
+    triples, features, labels = triples_and_tables()  # the trainer's, made alike
+    source = GatedSource(triples, stall_at=1)
+    trainer = Trainer("health_check", "cpu", source=source)
+    for batch in trainer.loader:
+        assert expect_batch(batch, triples, features, labels) == 0
+        break
+    owner, loader = weakref.ref(trainer), weakref.ref(trainer.loader)
+    del trainer, batch
+    gc.collect()
+    try:
+        assert [t.name for t in threading.enumerate() if t.name.startswith("pingpong-producer")]
+        assert owner() is None
+        assert loader() is None
+    finally:
+        source.gate.set()
     assert wait_for_no_pingpong_threads(5.0) == []
 
 
