@@ -375,7 +375,7 @@ def trainer_main(args: argparse.Namespace) -> None:
             # what the loader resolved, and whether its producers did lower their priority
             "producer_nice": pp.producer_nice,
             "niced_epochs": pp.stats["niced_epochs"], "epochs": pp.stats["epochs"]}))
-    td.leave_process_group(tr.rank)
+    td.end_trainer(tr.rank)
 
 
 # --------------------------------------------------------------------------- report

@@ -1358,7 +1358,7 @@ def trainer_main(mode: str, out: Path, part_dir: Path) -> None:
         tr = td.init_trainer(threads=1)
     record = TRAINERS[mode](tr, out, part_dir)
     write_json(out / f"rank{tr.rank}.json", {"rank": tr.rank, "pid": os.getpid(), **record})
-    td.leave_process_group(tr.rank)
+    td.end_trainer(tr.rank)
 
 
 # --------------------------------------------------------------------------- launcher
