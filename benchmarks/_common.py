@@ -20,6 +20,7 @@ Writers produce ``NAME.json`` (everything, raw samples included),
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -39,8 +40,6 @@ from typing import Any
 
 def positive_int(text: str) -> int:
     """An ``argparse`` type: an integer >= 1 (a count of rows, batches, rounds)."""
-    import argparse
-
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
@@ -51,8 +50,6 @@ def out_dir(text: str) -> Path:
     """An ``argparse`` type for ``--out``: a folder to write into, made if missing;
     refused if it names something that is not a folder (a file), which would
     otherwise fail only when the results are written, after the run."""
-    import argparse
-
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: exists and is not a folder")
@@ -61,8 +58,6 @@ def out_dir(text: str) -> Path:
 
 def json_file(text: str) -> Path:
     """An ``argparse`` type for ``--from-json``: a readable file holding JSON."""
-    import argparse
-
     path = Path(text)
     try:
         json.loads(path.read_text())
@@ -74,8 +69,11 @@ def json_file(text: str) -> Path:
 
 
 def rerender_target(parser: Any, args: Any) -> None:
-    """For ``--from-json``: write next to the input (``--out`` wins) under the
-    input's name, unless ``--name`` was given a value other than its default."""
+    """With ``--from-json`` (else nothing): write next to the input (``--out``
+    wins) under the input's name, unless ``--name`` was given a value other
+    than its default."""
+    if args.from_json is None:
+        return
     if args.out is None:
         args.out = args.from_json.parent
     if args.name == parser.get_default("name"):

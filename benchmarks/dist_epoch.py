@@ -170,8 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--from-json", type=_common.json_file, default=None,
                    help="measure nothing: re-render NAME.json and NAME.md of an earlier run")
     args = p.parse_args(argv)
-    if args.from_json is not None:
-        _common.rerender_target(p, args)
+    _common.rerender_target(p, args)
     if args.pin_training_core is not None and args.trainers != 1:
         p.error("--pin-training-core needs --trainers 1")
     if args.by_value and not args.samplers:

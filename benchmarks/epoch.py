@@ -68,8 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="epoch-cpu")
     p.add_argument("--from-json", type=_common.json_file, default=None, help="re-render only")
     args = p.parse_args(argv)
-    if args.from_json is not None:
-        _common.rerender_target(p, args)
+    _common.rerender_target(p, args)
     _common.refuse_sizes_with_quick(p, args, ("num_nodes", "feat_dims", "epochs", "rounds"))
     if args.quick:
         args.num_nodes, args.feat_dims, args.epochs, args.rounds = 20_000, [128], 2, 1

@@ -89,8 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.from_json is not None:
-        _common.rerender_target(p, args)
+    _common.rerender_target(p, args)
     _common.refuse_sizes_with_quick(p, args, ("num_nodes", "rounds", "epochs"))
     if args.quick:
         args.num_nodes, args.rounds, args.epochs = 20_000, 1, 1

@@ -198,8 +198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="measure nothing: re-render the Markdown and PNG of an earlier gather.json",
     )
     args = p.parse_args(argv)
-    if args.from_json is not None:
-        _common.rerender_target(p, args)
+    _common.rerender_target(p, args)
     quick = args.quick
     cuda = args.device == "cuda"
     if args.table_gib is None:

@@ -64,8 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--from-json", type=_common.json_file, default=None, help="re-render only")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # child: one config
     args = p.parse_args(argv)
-    if args.from_json is not None:
-        _common.rerender_target(p, args)
+    _common.rerender_target(p, args)
     if args.epochs < 2:
         p.error("--epochs must be >= 2: the first is a warm-up, and the slot check "
                 "compares later epochs with it")

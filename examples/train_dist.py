@@ -993,7 +993,7 @@ def end_trainer(rank: int) -> NoReturn:
     The exit handlers are DGL's exit hook (a barrier with the other trainers,
     then the servers' shutdown) and multiprocessing's clean-up, which would run
     at interpreter exit anyway. The group is not freed, because freeing a gloo
-    process group can deadlock (torch 2.2.1; 2 of 38 runs of this example on 2
+    process group can deadlock (torch 2.2.1; 3 of 52 runs of this example on 2
     busy cores): ``~ProcessGroupGloo`` joins its worker threads while holding
     the GIL, and a worker still dropping the last collective's tensors waits
     for the GIL. The process therefore ends with ``os._exit`` after the

@@ -148,7 +148,7 @@ def produce(
     stats: LoaderStats,
     poll_s: float,
     cache: FeatureCache | None = None,
-    health: Callable[[], None] | None = None,
+    health: TrackedCheck | None = None,
     rpc_lock: threading.Lock | None = None,
     sample_ahead: bool = False,
     cpus: frozenset[int] | None = None,
@@ -199,9 +199,9 @@ def produce(
 
     With a hot-row ``cache`` (:mod:`pingpong.cache`), each fill first tells it
     the batch's feature ids (counted in the first epoch, looked up after).
-    ``health`` (see the loader's ``health_check``) is called before every
-    step of the source and every row-source fetch; what it raises ends the
-    epoch like a failing source.
+    ``health`` (the loader's ``health_check``, wrapped by the epoch, which
+    releases it at its end) is called before every step of the source and
+    every row-source fetch; what it raises ends the epoch like a failing source.
 
     Contract with the consumer:
     - a slot is written only while holding ``write_lock`` and only if ``stop``
@@ -214,7 +214,6 @@ def produce(
     seq = 0
     cpu_mark = time.thread_time()
     open_calls = OpenEndedCalls() if open_calls is None else open_calls
-    check = health if health is None or isinstance(health, TrackedCheck) else TrackedCheck(health)
     try:
         try:
             try:
@@ -250,7 +249,7 @@ def produce(
                     source_started.set()
             prepare = functools.partial(_prepare_next, iterator, store=store, reader=reader,
                                         device=device, stop=stop, poll_s=poll_s,
-                                        health=check, rpc_lock=rpc_lock,
+                                        health=health, rpc_lock=rpc_lock,
                                         open_calls=open_calls)
             pending = prepare(seq)
             while isinstance(pending, _Prepared) and not stop.is_set():
@@ -263,7 +262,7 @@ def produce(
                         with open_calls.inside():
                             fetched = _fetch_remote(store, batch.x_ids, batch.y_ids,
                                                     device.supports_local_rows, stop, poll_s,
-                                                    check)
+                                                    health)
                     except FetchStopped:  # ended while waiting behind another call
                         return
                 t_fetched = time.perf_counter()
@@ -319,7 +318,7 @@ def produce(
             f"(raised in pingpong thread {threading.current_thread().name!r} "
             f"while preparing batch {seq}; re-raised in the training loop)"
         )
-        ready_q.put(Failure(exc if check is None else check.diagnosed(exc)))
+        ready_q.put(Failure(exc if health is None else health.diagnosed(exc)))
 
 
 def _run_on(cpus: frozenset[int]) -> None:
